@@ -1,0 +1,1 @@
+"""specdec: speculative decoding served through NVIDIA Triton Inference Server."""

@@ -1,0 +1,1 @@
+"""Model code: the Llama-family target/draft, the KV cache, and the Medusa/EAGLE heads."""

@@ -1,0 +1,45 @@
+"""Preallocated KV cache with per-slot lengths, rollback by length, and tree-path compaction.
+
+Each running sequence owns one slot. A forward writes its new tokens' keys and values at
+`start .. start+T-1` of its slot; what stays valid is decided afterwards by the caller:
+rollback is just not advancing the length, and after a tree verification `compact` moves the
+accepted path's entries (at arbitrary offsets) down to consecutive positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        capacity: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        shape = (num_layers, num_slots, capacity, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.lengths = [0] * num_slots
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def compact(self, slot: int, start: int, offsets: list[int]) -> None:
+        """Move the entries at `start + offsets[j]` to `start + j` (offsets ascending, offsets[0] == 0)."""
+        if offsets == list(range(len(offsets))):
+            return
+        src = torch.tensor([start + o for o in offsets], device=self.k.device)
+        dst = slice(start, start + len(offsets))
+        self.k[:, slot, dst] = self.k[:, slot, src]
+        self.v[:, slot, dst] = self.v[:, slot, src]

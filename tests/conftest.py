@@ -1,0 +1,30 @@
+"""Shared fixtures: tiny random checkpoints written by `transformers` itself, so the loaders are
+tested against the real Hugging Face layout, and a tiny byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+torch.set_num_threads(1)
+
+from tiny_checkpoints import make_tokenizer, make_hf_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    return make_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=300)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory, tokenizer_dir) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("target"), tokenizer_dir, layers=2, hidden=64, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory, tokenizer_dir) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("draft"), tokenizer_dir, layers=1, hidden=32, seed=2)

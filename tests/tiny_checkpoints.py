@@ -1,0 +1,63 @@
+"""Writers for tiny random checkpoints in the public formats (used by the tests only)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    main()\n",
+    "Grüße, naïve café — 日本語のテキスト 🙂 emoji\n",
+]
+
+
+def make_tokenizer(folder: Path, vocab_size: int = 300) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def make_hf_checkpoint(
+    folder: Path, tokenizer_dir: Path, layers: int = 2, hidden: int = 64, seed: int = 0,
+    model_type: str = "llama", tie: bool = False, kv_heads: int = 2, rope_scaling: dict | None = None,
+    sharded: bool = False, bin_format: bool = False,
+) -> Path:
+    """A random checkpoint saved by transformers' own save_pretrained."""
+    import transformers
+
+    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+    kwargs = dict(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        tie_word_embeddings=tie, eos_token_id=0, bos_token_id=None, rope_theta=10000.0,
+    )
+    cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+           "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[model_type]
+    if rope_scaling is not None:
+        kwargs["rope_scaling"] = rope_scaling
+    if model_type == "mistral":
+        kwargs["sliding_window"] = None
+    torch.manual_seed(seed)
+    model = cls[1](cls[0](**kwargs)).float()
+    with torch.no_grad():  # random init is small; widen it so logits have real structure
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5 / p.shape[-1] ** 0.5 * 4)
+    model.save_pretrained(folder, safe_serialization=not bin_format, max_shard_size="50KB" if sharded else "5GB")
+    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    return folder
