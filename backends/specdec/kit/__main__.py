@@ -1,0 +1,7 @@
+"""`python -m specdec.kit build|evaluate ...`"""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""Command line: `build` trains/resumes and exports a kit, `evaluate` recomputes an exported kit's figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from .build import build_kit
+from .evaluate import evaluate_kit
+from .export import write_checksums
+from .profiles import PROFILES
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m specdec.kit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="train (or resume) the kit's models, export them and evaluate")
+    b.add_argument("--profile", choices=sorted(PROFILES), default="demo")
+    b.add_argument("--out", type=Path, required=True, help="kit folder to write (target/, draft/, medusa/, eagle/)")
+    b.add_argument("--minutes", type=float, help="total training time budget, split across stages by the profile")
+    b.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    b.add_argument("--cache", type=Path, help="checkpoint/cache folder (default ~/.cache/specdec/kit/<profile>)")
+    b.add_argument("--threads", type=int, help="torch CPU threads (1 keeps a core free on a shared 2-core box)")
+    b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the training steps (profile default: demo yes, tiny no)")
+    e = sub.add_parser("evaluate", help="recompute held-out figures of an exported kit into its kit.json")
+    e.add_argument("kit", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    if args.command == "build":
+        if args.device == "cuda":
+            torch.set_float32_matmul_precision("high")
+        kit = build_kit(PROFILES[args.profile], args.out, args.cache, args.minutes, args.device, args.compile)
+    else:
+        evaluate_kit(args.kit)
+        write_checksums(args.kit)
+        kit = json.loads((args.kit / "kit.json").read_text())
+    print(json.dumps(kit["eval"], indent=2))
+    return 0

@@ -1,0 +1,49 @@
+"""Prompt lookup decoding: propose what followed the latest earlier occurrence of the current suffix.
+
+No model at all; the draft is deterministic (one-hot q), so it verifies exactly under sampling too.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..errors import ConfigurationError
+from ..sequence import Sequence
+from ..verify import Draft
+
+
+def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The k tokens after the most recent earlier match of the longest suffix n-gram (max_n..min_n)."""
+    L = len(tokens)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        pattern = tokens[L - n :]
+        first = pattern[0]
+        for i in range(L - n - 1, -1, -1):
+            if tokens[i] == first and tokens[i : i + n] == pattern:
+                return tokens[i + n : i + n + k]
+    return []
+
+
+class NgramProposer:
+    name = "ngram"
+
+    def __init__(self, k: int = 4, min_n: int = 1, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ConfigurationError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_k, self.min_n, self.max_n = k, min_n, max_n
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        pass
+
+    def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
+        pass
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        return [Draft.chain(lookup(s.tokens, k, self.min_n, self.max_n)) if k > 0 else Draft.empty()
+                for s, k in zip(seqs, ks)]
+
+    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
+        pass
