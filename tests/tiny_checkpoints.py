@@ -61,3 +61,47 @@ def make_hf_checkpoint(
     model.save_pretrained(folder, safe_serialization=not bin_format, max_shard_size="50KB" if sharded else "5GB")
     shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
     return folder
+
+
+def make_small_vocab_model(folder: Path, tokenizer_dir: Path, vocab: int, seed: int, layers: int = 1,
+                           hidden: int = 32, scale: float = 3.0) -> Path:
+    """A random model over the first `vocab` token ids (for exact distribution tests), no EOS."""
+    from specdec.models.checkpoint import save_model
+    from specdec.models.config import LlamaConfig
+    from specdec.models.llama import LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, scale / p.shape[-1] ** 0.5)
+    save_model(model, folder, dtype=torch.float32)
+    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def make_perturbed_copy(src: Path, folder: Path, noise: float, seed: int) -> Path:
+    """The same model with noise on every weight: a draft that agrees often, not always."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, folder, dirs_exist_ok=True)
+    torch.manual_seed(seed)
+    weights = load_file(str(src / "model.safetensors"))
+    weights = {k: v + noise * v.std() * torch.randn_like(v) if v.dim() > 1 else v for k, v in weights.items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def make_heads(target_dir: Path, medusa_dir: Path, eagle_dir: Path, seed: int = 0, medusa_heads: int = 3) -> None:
+    """Random Medusa heads and EAGLE head shaped for the target, in their public formats."""
+    from specdec.models.config import LlamaConfig
+    from specdec.models.heads import EagleHead, MedusaHeads
+
+    cfg = LlamaConfig.from_file(target_dir / "config.json")
+    torch.manual_seed(seed)
+    MedusaHeads(cfg.hidden_size, cfg.vocab_size, medusa_heads, 1).save(medusa_dir, dtype=torch.float32)
+    cfg.num_hidden_layers = 1
+    EagleHead(cfg).save(eagle_dir, dtype=torch.float32)

@@ -102,7 +102,6 @@ class Engine:
         request_id: str | None = None,
     ) -> Sequence:
         """Validate and queue a request; raises InvalidRequest with the reason."""
-        params.validate(self.max_context - 1)
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequest("text_input is empty")
@@ -111,6 +110,7 @@ class Engine:
             prompt_ids = list(prompt)
         if not prompt_ids:
             raise InvalidRequest("the prompt has no tokens")
+        params.validate(self.max_context - 1)
         if len(prompt_ids) + params.max_tokens > self.max_context:
             raise InvalidRequest(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "

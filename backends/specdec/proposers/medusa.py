@@ -19,9 +19,9 @@ from ..verify import Draft
 MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]  # noqa: E501
 
 
-def check_tree(paths: list[list[int]], num_heads: int) -> list[list[int]]:
-    """Keep paths the heads can fill; require every path's parent to come before it."""
-    paths = [list(p) for p in paths if len(p) <= num_heads]
+def check_tree(paths: list[list[int]], num_heads: int, vocab: int) -> list[list[int]]:
+    """Keep paths the heads can fill (depth <= heads, index < vocab); parents must come first."""
+    paths = [list(p) for p in paths if len(p) <= num_heads and max(p, default=0) < vocab]
     seen: set[tuple[int, ...]] = set()
     for p in paths:
         if not p or min(p) < 0:
@@ -41,7 +41,7 @@ class MedusaProposer:
 
     def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None) -> None:
         self.heads = heads
-        self.tree = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads)
+        self.tree = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
         self.max_k = len(self.tree)
         self.index = {tuple(p): i for i, p in enumerate(self.tree)}
         self.topk = max(max(p) for p in self.tree) + 1

@@ -1,0 +1,198 @@
+"""Engine behaviour: greedy identity for every proposer, KV-cache consistency after any accept/reject
+pattern, stop conditions, streaming text, per-request k, cancellation and argument errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.engine_config import EngineConfig, build_engine
+from specdec.errors import ConfigurationError, InvalidRequest
+from specdec.sampling import SamplingParams
+from tiny_checkpoints import CORPUS, make_heads, make_perturbed_copy
+
+METHODS = ["draft", "ngram", "medusa", "eagle", "eagle2"]
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory, tiny_target):
+    root = tmp_path_factory.mktemp("kit")
+    make_heads(tiny_target, root / "medusa", root / "eagle", seed=5)
+    draft = make_perturbed_copy(tiny_target, root / "draft", noise=0.3, seed=7)
+    return dict(target=str(tiny_target), draft=str(draft), medusa=str(root / "medusa"), eagle=str(root / "eagle"))
+
+
+def engine(kit, method="baseline", **kw):
+    kw.setdefault("dtype", "float64")
+    kw.setdefault("adaptive", False)
+    return build_engine(EngineConfig(method=method, **kit, **kw))
+
+
+def prompts(n: int, seed: int = 0) -> list[str]:
+    """Code-like prompts, some repeating themselves so prompt lookup has something to find."""
+    rng = random.Random(seed)
+    text = "".join(CORPUS)
+    out = []
+    for _ in range(n):
+        a = rng.randrange(0, len(text) - 40)
+        piece = text[a : a + rng.randrange(8, 40)]
+        out.append(piece * rng.choice([1, 1, 2]) or "x")
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline_outputs(kit):
+    base = engine(kit, max_batch=4)
+    ps = prompts(32)
+    return ps, [r.token_ids for r in base.generate(ps, SamplingParams(max_tokens=24, ignore_eos=True))]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_output_identical_to_baseline(kit, baseline_outputs, method, batch):
+    ps, ref = baseline_outputs
+    eng = engine(kit, method, max_batch=batch, k=4)
+    results = eng.generate(ps, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert [r.token_ids for r in results] == ref
+    assert eng.metrics.draft_tokens > 0
+    if method in ("draft", "ngram"):  # these propose the target's tokens often even with random weights
+        assert eng.metrics.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("method", ["draft", "medusa", "eagle2"])
+def test_kv_cache_equals_fresh_prefill_after_every_step(kit, method):
+    eng = engine(kit, method, max_batch=3, k=5)
+    target = eng.target
+    for p in prompts(3, seed=4):
+        eng.submit(p, SamplingParams(max_tokens=20, ignore_eos=True), lambda out: None)
+    checked = 0
+    while eng.has_work():
+        eng.step()
+        for seq in eng.running:
+            n = seq.cache_len
+            fresh = target.new_cache(1, n + 1)
+            with torch.no_grad():
+                target(torch.tensor([seq.tokens[:n]]), torch.arange(n)[None], fresh, [0], [0])
+            assert torch.allclose(eng.cache.k[:, seq.slot, :n], fresh.k[:, 0, :n], atol=1e-10)
+            assert torch.allclose(eng.cache.v[:, seq.slot, :n], fresh.v[:, 0, :n], atol=1e-10)
+            checked += 1
+    assert checked > 10
+    assert 0 < eng.metrics.accepted_tokens < eng.metrics.draft_tokens  # both accepts and rejects happened
+
+
+def test_streamed_chunks_concatenate_to_the_whole_text(kit):
+    eng = engine(kit, "ngram")
+    text = "Grüße, naïve café — 日本語のテキスト 🙂 emoji\n"
+    ids = eng.tokenizer.encode(text)
+    # feed the multi-byte text itself as the output: teacher-force by prompting it repeatedly
+    results = eng.generate([text * 2, "def add(a, b):"], SamplingParams(max_tokens=40, ignore_eos=True))
+    for r in results:
+        assert "".join(r.chunks) == r.text == eng.tokenizer.decode(r.token_ids)
+    from specdec.models.tokenizer import IncrementalDetokenizer
+
+    detok = IncrementalDetokenizer(eng.tokenizer)
+    pieces = [detok.push([t]) for t in ids] + [detok.push([], final=True)]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stop_strings_max_tokens_min_tokens(kit):
+    eng = engine(kit)
+    [free] = eng.generate(["for i in range(10):"], SamplingParams(max_tokens=30, ignore_eos=True))
+    assert len(free.token_ids) == 30 and free.finish_reason == "length"
+    stop = free.text[10:13]
+    [stopped] = eng.generate(["for i in range(10):"], SamplingParams(max_tokens=30, stop=[stop], ignore_eos=True))
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[: free.text.index(stop)]
+    assert "".join(stopped.chunks) == stopped.text
+    # min_tokens forbids EOS until reached (EOS is token 0 in the tiny checkpoints)
+    [r] = eng.generate(["x"], SamplingParams(max_tokens=12, min_tokens=12, temperature=1.0, seed=1))
+    assert len(r.token_ids) == 12 and 0 not in r.token_ids
+
+
+def test_per_request_k_override(kit):
+    eng = engine(kit, "draft", k=4)
+    [r] = eng.generate(["def add(a, b):"], SamplingParams(max_tokens=16, num_draft_tokens=0, ignore_eos=True))
+    assert r.stats.draft_tokens == 0
+    [r] = eng.generate(["def add(a, b):"], SamplingParams(max_tokens=16, num_draft_tokens=2, ignore_eos=True))
+    assert 0 < r.stats.draft_tokens <= 2 * r.stats.drafts
+
+
+def test_cancel_frees_the_slot_within_one_step(kit):
+    eng = engine(kit, "draft", max_batch=1)
+    outs = []
+    seq = eng.submit("def add(a, b):", SamplingParams(max_tokens=200, ignore_eos=True), outs.append)
+    eng.step()
+    eng.step()
+    eng.cancel(seq)
+    eng.step()
+    assert outs[-1].finished and outs[-1].finish_reason == "cancelled"
+    assert eng.free_slots == [0] and not eng.running
+
+
+def test_full_slots_queue_then_time_out(kit):
+    eng = engine(kit, max_batch=1, queue_timeout_s=0.0)
+    first, second = [], []
+    eng.submit("a", SamplingParams(max_tokens=5, ignore_eos=True), first.append)
+    eng.submit("b", SamplingParams(max_tokens=5, ignore_eos=True), second.append)
+    while eng.has_work():
+        eng.step()
+    assert first[-1].finish_reason == "length"
+    assert second[-1].finish_reason == "error" and "no KV slot" in second[-1].error
+
+
+@pytest.mark.parametrize("params, message", [
+    (SamplingParams(max_tokens=0), "max_tokens"),
+    (SamplingParams(max_tokens=10**6), "max_tokens"),
+    (SamplingParams(temperature=-1.0), "temperature"),
+    (SamplingParams(temperature=float("nan")), "temperature"),
+    (SamplingParams(top_p=0.0), "top_p"),
+    (SamplingParams(top_p=1.5), "top_p"),
+    (SamplingParams(top_k=-1), "top_k"),
+    (SamplingParams(num_draft_tokens=-1), "num_draft_tokens"),
+])
+def test_bad_arguments_raise_invalid_request(kit, params, message):
+    eng = engine(kit)
+    with pytest.raises(InvalidRequest, match=message):
+        eng.submit("hello", params, lambda out: None)
+
+
+def test_bad_prompts_raise_invalid_request(kit):
+    eng = engine(kit, max_context=64)
+    with pytest.raises(InvalidRequest, match="empty"):
+        eng.submit("", SamplingParams(), lambda out: None)
+    with pytest.raises(InvalidRequest, match="context"):
+        eng.submit("def add(a, b): " * 40, SamplingParams(max_tokens=8), lambda out: None)
+
+
+def test_bad_configuration_is_a_clear_error(kit, tmp_path):
+    with pytest.raises(ConfigurationError, match="unknown method"):
+        engine(kit, "lookahead")
+    with pytest.raises(ConfigurationError, match="k must be"):
+        engine(kit, "draft", k=-1)
+    other = dict(kit, draft=str(tmp_path / "nope"))
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        engine(other, "draft")
+
+
+def test_draft_with_another_tokenizer_is_refused(kit, tmp_path):
+    import shutil
+
+    from tiny_checkpoints import make_tokenizer
+
+    other = tmp_path / "other_draft"
+    shutil.copytree(kit["draft"], other)
+    make_tokenizer(tmp_path / "tok2", vocab_size=290)
+    shutil.copy(tmp_path / "tok2" / "tokenizer.json", other / "tokenizer.json")
+    with pytest.raises(ConfigurationError, match="different tokenizer"):
+        engine(dict(kit, draft=str(other)), "draft")
+
+
+def test_seeded_sampling_reproduces(kit):
+    eng = engine(kit, "draft")
+    params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=123, ignore_eos=True)
+    a = eng.generate(["def add(a, b):"] * 3, params)
+    b = eng.generate(["def add(a, b):"], params)
+    assert a[0].token_ids == a[1].token_ids == a[2].token_ids == b[0].token_ids
