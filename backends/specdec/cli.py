@@ -1,0 +1,150 @@
+"""The `specdec` command: generate, bench, build-kit, and (from the serving and load-test modules)
+serve, build-repo, client, loadtest, demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_KIT = REPO_ROOT / "build" / "demo-kit"
+
+# subcommands implemented elsewhere: name -> "module:function" taking argv
+DELEGATED = {
+    "build-kit": "specdec.kit.cli:main",
+    "serve": "specdec.triton.server:main",
+    "build-repo": "specdec.triton.repository:main",
+    "client": "specdec.client:main",
+    "loadtest": "specdec.loadtest.matrix:main",
+    "demo": "specdec.demo:main",
+}
+
+
+def engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kit", default=str(DEFAULT_KIT), help="folder with target/ draft/ medusa/ eagle/ (default: demo kit)")
+    p.add_argument("--target", help="target checkpoint folder (overrides the kit's)")
+    p.add_argument("--draft")
+    p.add_argument("--medusa")
+    p.add_argument("--eagle")
+    p.add_argument("-k", "--k", type=int, default=4, help="draft tokens (tree nodes) per step, at most")
+    p.add_argument("--policy", choices=["fixed", "adaptive"], default="fixed")
+    p.add_argument("--medusa-tree", help="JSON list of top-k index paths (default mc_sim_7b_63)")
+    p.add_argument("--eagle-tree", default="4,5,24", help="EAGLE-2 top_k,depth,total_tokens")
+    p.add_argument("--max-context", type=int, default=1024)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on 2-core machines)")
+
+
+def engine_config(a: argparse.Namespace, method: str, max_batch: int):
+    from .bench import kit_paths
+    from .engine_config import EngineConfig
+
+    paths = kit_paths(a.kit) if a.kit else {}
+    for name in ("target", "draft", "medusa", "eagle"):
+        if getattr(a, name):
+            paths[name] = getattr(a, name)
+    if "target" not in paths:
+        sys.exit(f"specdec: no target checkpoint: {a.kit}/target does not exist and --target was not given")
+    return EngineConfig(
+        method=method, k=a.k, adaptive=a.policy == "adaptive", medusa_tree=a.medusa_tree, eagle_tree=a.eagle_tree,
+        max_batch=max_batch, max_context=a.max_context, dtype=a.dtype, device=a.device, threads=a.threads, **paths,
+    )
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from .engine_config import build_engine
+    from .sampling import SamplingParams
+
+    engine = build_engine(engine_config(a, a.method, 1))
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                            seed=a.seed, stop=a.stop or [])
+
+    def show(out):
+        sys.stdout.write(out.text)
+        sys.stdout.flush()
+
+    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    sys.stdout.write(prompt)
+    outputs = []
+    engine.submit(prompt, params, lambda out: (show(out), outputs.append(out)))
+    while engine.has_work():
+        engine.step()
+    last = outputs[-1]
+    st = last.stats
+    elapsed = st.finished - st.arrival
+    print(f"\n\n[{a.method}] {st.output_tokens} tokens in {elapsed:.2f} s ({st.output_tokens / elapsed:.1f} tok/s), "
+          f"TTFT {1000 * (st.first_token - st.arrival):.0f} ms, finish: {last.finish_reason}")
+    if st.draft_tokens:
+        pos = " ".join(f"{x / st.drafts:.2f}" for x in st.accepted_per_position)
+        print(f"acceptance rate {st.acceptance_rate:.2f}, mean accepted length {st.mean_accepted_length:.2f}, "
+              f"accepted per position {pos}")
+    return 0 if last.error is None else 1
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench import available_methods, bench, kit_paths, table, write_json
+    from .prompts import heldout_prompts, load_jsonl
+
+    cfg = engine_config(a, "baseline", 1)
+    methods = a.methods.split(",") if a.methods else available_methods(kit_paths(a.kit) | {
+        k: v for k, v in asdict(cfg).items() if k in ("draft", "medusa", "eagle") and v})
+    if "baseline" not in methods:
+        methods.insert(0, "baseline")
+    prompts = load_jsonl(a.prompts_file)[: a.prompts] if a.prompts_file else heldout_prompts(a.prompts, a.band, a.seed)
+    sizes = [int(b) for b in a.batch_sizes.split(",")]
+    print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
+          f"batch sizes {sizes}, k={a.k} ({a.policy}), {a.repeats} interleaved repeats, {a.device} {a.dtype}")
+    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats)
+    print(table(figures))
+    if a.json:
+        setup = {k: v for k, v in vars(a).items() if k != "func"}
+        write_json(figures, a.json, setup)
+        print(f"wrote {a.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        module, func = DELEGATED[argv[0]].split(":")
+        return getattr(importlib.import_module(module), func)(argv[1:]) or 0
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    for name in DELEGATED:
+        sub.add_parser(name, help=f"see `specdec {name} --help`", add_help=False)
+
+    g = sub.add_parser("generate", help="run one prompt in-process with any method, print text and stats")
+    engine_args(g)
+    g.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    g.add_argument("--method", default="eagle", help="baseline, draft, medusa, eagle, eagle2, ngram")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="baseline vs every method side by side: tok/s, speedup, acceptance")
+    engine_args(b)
+    b.add_argument("--methods", help="comma-separated (default: every method the kit supports)")
+    b.add_argument("--batch-sizes", default="1,8")
+    b.add_argument("--prompts", type=int, default=8)
+    b.add_argument("--prompts-file", help="JSONL with a \"prompt\" per line (default: held-out stdlib code)")
+    b.add_argument("--band", default="short", choices=["short", "long"])
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", help="also write the figures to this JSON file")
+    b.set_defaults(func=cmd_bench)
+
+    a = parser.parse_args(argv)
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
