@@ -1,0 +1,41 @@
+"""The `specdec` command line: generate and bench run end to end on tiny checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.cli import main
+from test_engine import kit  # noqa: F401  (module-scoped fixture: tiny target, draft, Medusa, EAGLE)
+
+
+def kit_args(kit):  # noqa: F811
+    return ["--kit", "", "--target", kit["target"], "--draft", kit["draft"], "--medusa", kit["medusa"],
+            "--eagle", kit["eagle"], "--dtype", "float64"]
+
+
+def test_generate_prints_text_and_stats(kit, capsys):  # noqa: F811
+    assert main(["generate", *kit_args(kit), "--method", "draft", "--max-tokens", "12", "def add(a, b):"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def add(a, b):")
+    assert "[draft] 12 tokens" in out and "acceptance rate" in out
+
+
+def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "bench.json"
+    args = ["bench", *kit_args(kit), "--prompts", "2", "--max-tokens", "12", "--repeats", "1",
+            "--batch-sizes", "1,2", "--json", str(path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    figures = json.loads(path.read_text())["figures"]
+    methods = {f["method"] for f in figures}
+    assert methods == {"baseline", "ngram", "draft", "medusa", "eagle", "eagle2"}
+    for f in figures:
+        assert f"| {f['batch']} | {f['method']} |" in out
+        assert f["identical_share"] == 1.0  # float64: batch shapes cannot flip a greedy choice
+        assert f["tokens_per_s"] > 0
+        if f["method"] == "baseline":
+            assert f["speedup"] == pytest.approx(1.0) and f["mean_accepted_length"] == pytest.approx(1.0)
+        else:
+            assert f["mean_draft_tokens"] > 0
