@@ -35,10 +35,20 @@ def default_cache(profile: Profile) -> Path:
     return Path.home() / ".cache" / "specdec" / "kit" / profile.name
 
 
+def training_identity(profile: Profile) -> dict[str, Any]:
+    """The profile fields the cached data and checkpoints depend on (budgets and eval sizes may change)."""
+    d = json.loads(json.dumps(profile.to_dict()))
+    for key in ("minutes", "eval_windows", "eval_prompts", "eval_new_tokens", "compile"):
+        d.pop(key)
+    for stage in d["stages"].values():
+        stage.pop("time_share")
+    return d
+
+
 def claim_cache(cache: Path, profile: Profile) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     marker = cache / "profile.json"
-    current = json.loads(json.dumps(profile.to_dict()))
+    current = training_identity(profile)
     if marker.exists() and json.loads(marker.read_text()) != current:
         raise SystemExit(f"{cache} holds a build of a different profile definition; pass a fresh --cache")
     marker.write_text(json.dumps(current, indent=2) + "\n")

@@ -93,12 +93,14 @@ def run_stage(
     path = ctx.cache / f"{name}.pt"
     opt = make_optimizer(module, stage.lr)
     step, seconds, loss_value = 0, 0.0, float("nan")
+    ema = loss_value  # smoothed loss: what the log and the kit report
     if path.exists():
         state = torch.load(path, map_location=ctx.device, weights_only=False)
         if state["key"] == key:
             module.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
             step, seconds, loss_value = state["step"], state["seconds"], state["loss"]
+            ema = loss_value
             print(f"[{name}] resuming at step {step} ({seconds / 60:.1f} min trained)", flush=True)
         else:
             print(f"[{name}] checkpoint was trained against {state['key']}, now {key}: restarting", flush=True)
@@ -110,13 +112,12 @@ def run_stage(
     def save() -> None:
         tmp = path.with_suffix(".tmp")
         torch.save({"key": key, "model": module.state_dict(), "optimizer": opt.state_dict(),
-                    "step": step, "seconds": seconds, "loss": loss_value}, tmp)
+                    "step": step, "seconds": seconds, "loss": ema}, tmp)
         tmp.replace(path)
 
     module.train()
     bar = tqdm(total=1000, desc=name, unit="‰", mininterval=10, initial=int(1000 * min(progress(), 1)))
     last_save = time.monotonic()
-    ema = loss_value
     while progress() < 1.0:
         t0 = time.monotonic()
         for group in opt.param_groups:

@@ -1,0 +1,145 @@
+"""The demo model kit: the tiny profile trains end to end and its artifacts load like real
+checkpoints (transformers agrees on the target), training resumes exactly, and the committed
+demo kit matches its checksums and loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.kit import main
+from specdec.kit import train as kit_train
+from specdec.kit.build import build_kit, new_llama
+from specdec.kit.corpus import is_heldout, read_documents, split_documents
+from specdec.kit.evaluate import distinct_n
+from specdec.kit.export import FOLDERS, verify_checksums
+from specdec.kit.profiles import EOS_ID, PROFILES, ModelShape, Stage
+from specdec.models.checkpoint import load_model
+from specdec.models.heads import EagleHead, MedusaHeads
+from specdec.models.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_KIT = REPO / "build" / "demo-kit"
+
+
+@pytest.fixture(scope="module")
+def tiny_kit(tmp_path_factory) -> tuple[Path, Path, dict]:
+    root = tmp_path_factory.mktemp("kit")
+    kit = build_kit(PROFILES["tiny"], root / "out", cache=root / "cache")
+    return root / "out", root / "cache", kit
+
+
+def assert_kit_loads(out: Path) -> None:
+    tokenizer_bytes = {(out / name / "tokenizer.json").read_bytes() for name in FOLDERS}
+    assert len(tokenizer_bytes) == 1, "every folder must carry the same tokenizer.json"
+    tok = Tokenizer(out / "target")
+    assert tok.eos_ids == [EOS_ID] and tok.hf.id_to_token(EOS_ID) == "<|endoftext|>"
+    assert Tokenizer(out / "draft").fingerprint() == tok.fingerprint()
+    text = "def f(x):\n    return x + 1  # café\n"
+    assert tok.decode(tok.encode(text)) == text
+    target, draft = load_model(out / "target"), load_model(out / "draft")
+    medusa, eagle = MedusaHeads.load(out / "medusa"), EagleHead.load(out / "eagle")
+    vocab = target.config.vocab_size
+    assert vocab == tok.vocab_size == draft.config.vocab_size
+    ids = torch.tensor([tok.encode(text)])
+    with torch.no_grad():
+        hidden = target(ids)
+        assert draft.logits(draft(ids)).shape == (1, ids.shape[1], vocab)
+        assert medusa(hidden).shape == (medusa.num_heads, 1, ids.shape[1], vocab)
+        pred = eagle(target.model.embed_tokens(ids[:, 1:]), hidden[:, :-1])
+        assert target.logits(pred).shape == (1, ids.shape[1] - 1, vocab)
+        assert torch.isfinite(pred).all()
+
+
+def test_tiny_kit_trains_end_to_end_and_loads(tiny_kit):
+    out, _, kit = tiny_kit
+    assert_kit_loads(out)
+    assert verify_checksums(out) == []
+    assert set(kit["training"]) == {"target", "draft", "eagle", "medusa"}
+    figures = kit["eval"]
+    # Training must have learned something: uniform over 512 tokens is perplexity 512, chance agreement ~0.002.
+    assert figures["target_perplexity"] < 250
+    for name in ("draft", "eagle", "medusa_head_1"):
+        assert figures["agreement"][name] > 0.05, name
+    assert set(json.loads((out / "checksums.json").read_text())) >= {f"{n}/tokenizer.json" for n in FOLDERS}
+
+
+def test_tiny_target_agrees_with_transformers(tiny_kit):
+    import transformers
+
+    out, _, _ = tiny_kit
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    ours = load_model(out / "target", dtype=torch.float32)
+    tokens = torch.randint(0, ours.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(tokens).logits
+        got = ours.logits(ours(tokens))
+    assert (expected - got).abs().max().item() <= 1e-3
+
+
+def test_rerun_resumes_from_cache_and_evaluate_cli(tiny_kit):
+    out, cache, kit = tiny_kit
+    again = build_kit(PROFILES["tiny"], out, cache=cache)
+    assert again["training"] == kit["training"]  # nothing retrained: every stage resumed at its end
+    assert main(["evaluate", str(out)]) == 0
+    assert json.loads((out / "kit.json").read_text())["eval"] == kit["eval"]
+    assert verify_checksums(out) == []
+    (out / "draft" / "config.json").write_text("{}")
+    assert verify_checksums(out) == ["draft/config.json"]
+
+
+def test_interrupted_stage_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    profile = PROFILES["tiny"]
+    tokens = torch.randint(0, 64, (5000,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    stage = Stage(steps=12, lr=3e-3, batch=4, time_share=1.0, warmup=3)
+    config = ModelShape(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64).config(64, 64)
+
+    def train(cache: Path, stop_at: int | None) -> torch.nn.Module:
+        model = new_llama(config, 0, "cpu")
+        ctx = kit_train.TrainContext(profile, tokens, cache, "cpu", compile=False, total_seconds=None)
+
+        def loss_fn(step: int) -> torch.Tensor:
+            if step == stop_at:
+                raise KeyboardInterrupt
+            batch = ctx.batch("t", step, stage.batch)
+            return torch.nn.functional.cross_entropy(model.logits(model(batch[:, :-1])).flatten(0, 1), batch[:, 1:].flatten())
+
+        kit_train.run_stage("t", model, loss_fn, stage, ctx, key={"stage": "t"})
+        return model
+
+    monkeypatch.setattr(kit_train, "CHECKPOINT_EVERY_S", 0.0)  # checkpoint after every step
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = train(tmp_path / "a", None)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "b", stop_at=7)
+    resumed = train(tmp_path / "b", None)
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_heldout_split_is_stable_and_disjoint():
+    docs = read_documents()
+    train, heldout = split_documents(docs, 5, None)
+    assert 0.02 < len(heldout) / len(docs) < 0.09
+    assert not {d.path for d in train} & {d.path for d in heldout}
+    assert all(is_heldout(d.path, 5) for d in heldout)
+    assert is_heldout("json/decoder.py", 5) == is_heldout("json/decoder.py", 5)
+
+
+def test_distinct_4_flags_loops():
+    assert distinct_n(list(range(40))) == 1.0
+    assert distinct_n([1, 2, 3] * 20) < 0.1
+
+
+@pytest.mark.skipif(not (DEMO_KIT / "checksums.json").exists(), reason="build/demo-kit not built yet (python -m specdec.kit build --profile demo --out build/demo-kit)")
+def test_committed_demo_kit_matches_checksums_and_loads():
+    assert verify_checksums(DEMO_KIT) == []
+    assert_kit_loads(DEMO_KIT)
+    kit = json.loads((DEMO_KIT / "kit.json").read_text())
+    assert kit["profile"] == "demo" and "eval" in kit
+    weights = sum(p.stat().st_size for p in DEMO_KIT.rglob("*.safetensors"))
+    assert weights <= 25 * 2**20
