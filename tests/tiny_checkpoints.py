@@ -105,3 +105,24 @@ def make_heads(target_dir: Path, medusa_dir: Path, eagle_dir: Path, seed: int = 
     MedusaHeads(cfg.hidden_size, cfg.vocab_size, medusa_heads, 1).save(medusa_dir, dtype=torch.float32)
     cfg.num_hidden_layers = 1
     EagleHead(cfg).save(eagle_dir, dtype=torch.float32)
+
+
+def make_tiny_kit(folder: Path, tokenizer_dir: Path, medusa_heads: int = 3) -> dict[str, Path]:
+    """A kit folder like build/demo-kit: target/, draft/ (a copy of the target, so greedy drafts are
+    always accepted), medusa/ and eagle/ (random heads in the public formats)."""
+    import json
+
+    from specdec.models.config import LlamaConfig
+    from specdec.models.heads import EagleHead, MedusaHeads
+
+    folder = Path(folder)
+    target = make_hf_checkpoint(folder / "target", tokenizer_dir, layers=2, hidden=64, seed=1)
+    draft = folder / "draft"
+    if draft.exists():
+        shutil.rmtree(draft)
+    shutil.copytree(target, draft)
+    cfg = json.loads((target / "config.json").read_text())
+    torch.manual_seed(3)
+    MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], medusa_heads, 1).save(folder / "medusa", torch.float32)
+    EagleHead(LlamaConfig.from_hf({**cfg, "num_hidden_layers": 1})).save(folder / "eagle", torch.float32)
+    return {"target": target, "draft": draft, "medusa": folder / "medusa", "eagle": folder / "eagle"}

@@ -1,0 +1,154 @@
+"""Prometheus metrics on Triton's metrics port, from the Python backend (pb_utils.MetricFamily).
+
+Names follow vLLM's (`specdec:` prefix), every series labelled with `model`. The engine thread only
+appends plain numbers to a deque (`on_output`); a flusher thread turns engine counters into counter
+increments and queued observations into histogram observations every `interval_s`, so the IPC to
+the server never sits on the decode path.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   7.5, 10.0, 20.0, 40.0, 80.0]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+# name -> (kind, description); kind "counter" | "gauge" | "histogram"
+FAMILIES = {
+    "specdec:spec_decode_num_drafts": ("counter", "Verification rounds that checked at least one draft token"),
+    "specdec:spec_decode_num_draft_tokens": ("counter", "Draft tokens proposed"),
+    "specdec:spec_decode_num_accepted_tokens": ("counter", "Draft tokens accepted by the target"),
+    "specdec:spec_decode_num_accepted_tokens_per_pos": ("counter", "Accepted draft tokens by draft position (0 = first)"),
+    "specdec:spec_decode_draft_acceptance_rate": ("gauge", "Accepted / proposed draft tokens since start"),
+    "specdec:generation_tokens": ("counter", "Output tokens generated"),
+    "specdec:prompt_tokens": ("counter", "Prompt tokens prefilled"),
+    "specdec:request_success": ("counter", "Finished requests by finished_reason (length, eos, stop, cancelled, error)"),
+    "specdec:num_requests_running": ("gauge", "Requests holding a KV slot"),
+    "specdec:num_requests_waiting": ("gauge", "Requests queued for a KV slot"),
+    "specdec:kv_slots": ("gauge", "KV cache slots of this instance (the batch limit)"),
+    "specdec:time_to_first_token_seconds": ("histogram", "Arrival to first output token"),
+    "specdec:inter_token_latency_seconds": ("histogram", "Gap between streamed tokens (per chunk, divided by its tokens)"),
+    "specdec:request_queue_time_seconds": ("histogram", "Arrival to admission into a KV slot"),
+    "specdec:e2e_request_latency_seconds": ("histogram", "Arrival to the last token"),
+    "specdec:batch_size": ("histogram", "Running requests, sampled at each streamed chunk"),
+}
+
+ENGINE_COUNTERS = {
+    "specdec:spec_decode_num_drafts": "drafts",
+    "specdec:spec_decode_num_draft_tokens": "draft_tokens",
+    "specdec:spec_decode_num_accepted_tokens": "accepted_tokens",
+    "specdec:generation_tokens": "output_tokens",
+    "specdec:prompt_tokens": "prefill_tokens",
+}
+
+
+class Metrics:
+    def __init__(self, pb_utils, model: str, engine, interval_s: float = 0.2) -> None:
+        self.pb, self.model, self.engine, self.interval_s = pb_utils, model, engine, interval_s
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
+                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
+        # the families must outlive their Metric objects (DESIGN.md section 6): keep them on self
+        self.families = {name: pb_utils.MetricFamily(name=name, description=desc, kind=kinds[kind])
+                         for name, (kind, desc) in FAMILIES.items()}
+        self.metrics: dict[tuple, object] = {}
+        self.seen = {name: 0 for name in ENGINE_COUNTERS}
+        self.seen_per_pos: list[int] = []
+        self.pending: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.metric("specdec:kv_slots").set(engine.max_batch)
+        self.thread = threading.Thread(target=self._loop, name="specdec-metrics", daemon=True)
+        self.thread.start()
+
+    def metric(self, name: str, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        m = self.metrics.get(key)
+        if m is None:
+            all_labels = {"model": self.model, **labels}
+            if FAMILIES[name][0] == "histogram":
+                buckets = BATCH_BUCKETS if name == "specdec:batch_size" else LATENCY_BUCKETS
+                m = self.families[name].Metric(labels=all_labels, buckets=buckets)
+            else:
+                m = self.families[name].Metric(labels=all_labels)
+            self.metrics[key] = m
+        return m
+
+    # ---- called from the engine thread: cheap appends only -------------------------------
+    def observe(self, name: str, value: float) -> None:
+        self.pending.append((name, value))
+
+    def finished(self, reason: str) -> None:
+        self.pending.append(("specdec:request_success", reason))
+
+    # ---- flusher ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            try:
+                self._flush()
+            except Exception as exc:  # metrics must never take the model down
+                self.pb.Logger.log_warn(f"specdec metrics flush failed: {exc!r}")
+
+    def _flush(self) -> None:
+        m = self.engine.metrics
+        for name, attr in ENGINE_COUNTERS.items():
+            value = getattr(m, attr)
+            if value > self.seen[name]:
+                self.metric(name).increment(value - self.seen[name])
+                self.seen[name] = value
+        per_pos = list(m.accepted_per_position)
+        for pos, value in enumerate(per_pos):
+            before = self.seen_per_pos[pos] if pos < len(self.seen_per_pos) else 0
+            if value > before:
+                self.metric("specdec:spec_decode_num_accepted_tokens_per_pos", position=str(pos)).increment(value - before)
+        self.seen_per_pos = per_pos
+        if m.draft_tokens:
+            self.metric("specdec:spec_decode_draft_acceptance_rate").set(m.accepted_tokens / m.draft_tokens)
+        self.metric("specdec:num_requests_running").set(len(self.engine.running))
+        self.metric("specdec:num_requests_waiting").set(len(self.engine.queue))
+        while self.pending:
+            name, value = self.pending.popleft()
+            if name == "specdec:request_success":
+                self.metric(name, finished_reason=value).increment(1)
+            else:
+                self.metric(name).observe(value)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
+        self.flush()
+
+
+class RequestTimer:
+    """Per-request latency observations, fed from the Outputs of one request (engine thread)."""
+
+    __slots__ = ("metrics", "last")
+
+    def __init__(self, metrics: Metrics | None) -> None:
+        self.metrics, self.last = metrics, None
+
+    def on_output(self, out, batch_size: int) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        now, stats, n = time.perf_counter(), out.stats, len(out.token_ids)
+        if n:
+            if self.last is None:
+                if stats.first_token is not None:
+                    m.observe("specdec:time_to_first_token_seconds", stats.first_token - stats.arrival)
+                if stats.admitted is not None:
+                    m.observe("specdec:request_queue_time_seconds", stats.admitted - stats.arrival)
+            else:
+                m.observe("specdec:inter_token_latency_seconds", (now - self.last) / n)
+            m.observe("specdec:batch_size", batch_size)
+            self.last = now
+        if out.finished:
+            m.finished(out.finish_reason or "unknown")
+            if stats.first_token is not None:
+                m.observe("specdec:e2e_request_latency_seconds", now - stats.arrival)

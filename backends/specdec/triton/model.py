@@ -1,0 +1,213 @@
+"""The decoupled Python-based Triton backend (`backend: "specdec"` in config.pbtxt).
+
+initialize: config parameters -> EngineConfig -> engine (background thread) + metrics.
+execute: parse + validate each request, submit it to the engine, return None at once; every
+request then gets its responses from the engine thread through its `Stream` and always ends with
+the final flag (also on errors, queue timeouts, cancellation and shutdown).
+Cancellation: each streamed step checks `request.is_cancelled()`; a watcher thread checks the
+requests still waiting for a slot. Either calls engine.cancel, which frees the slot within a step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import traceback
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from ..engine_config import EngineConfig, build_engine
+from ..errors import ConfigurationError, InvalidRequest, SpecdecError
+from .metrics import Metrics, RequestTimer
+from .request import ParsedRequest, parse
+
+PATH_KEYS = ("target", "draft", "medusa", "eagle")
+WATCH_INTERVAL_S = 0.05
+
+
+def engine_config(parameters: dict[str, str], model_dir: str | Path) -> EngineConfig:
+    """config.pbtxt string parameters -> EngineConfig. Relative checkpoint paths are resolved
+    against the config's folder, then against the folder holding the model repository."""
+    model_dir = Path(model_dir)
+    types = {f.name: f.type for f in fields(EngineConfig)}
+    values: dict[str, object] = {}
+    for key, raw in parameters.items():
+        raw = raw.strip()
+        if key == "policy":
+            if raw not in ("adaptive", "fixed"):
+                raise ConfigurationError(f"parameter policy must be 'adaptive' or 'fixed', got {raw!r}")
+            values["adaptive"] = raw == "adaptive"
+            continue
+        if key not in types:
+            raise ConfigurationError(f"unknown model parameter {key!r}; known: policy, {', '.join(types)}")
+        if raw == "" or raw.lower() == "none":
+            continue
+        kind = str(types[key])
+        try:
+            if key in PATH_KEYS:
+                values[key] = resolve_path(raw, model_dir)
+            elif kind.startswith("bool"):
+                values[key] = {"true": True, "1": True, "false": False, "0": False}[raw.lower()]
+            elif kind.startswith("int"):
+                values[key] = int(raw)
+            elif kind.startswith("float"):
+                values[key] = float(raw)
+            else:
+                values[key] = raw
+        except (KeyError, ValueError):
+            raise ConfigurationError(f"model parameter {key}={raw!r} is not a valid {kind}") from None
+    if "target" not in values:
+        raise ConfigurationError("model parameter 'target' (the target checkpoint folder) is required")
+    return EngineConfig(**values)
+
+
+def resolve_path(raw: str, model_dir: Path) -> str:
+    path = Path(raw).expanduser()
+    if path.is_absolute():
+        return str(path)
+    for base in (model_dir, model_dir.parent.parent):
+        if (base / path).exists():
+            return str((base / path).resolve())
+    return str((model_dir / path).resolve())  # build_engine reports the missing folder
+
+
+class Stream:
+    """One request's responses, fed by the engine thread's Outputs."""
+
+    def __init__(self, model: "TritonPythonModel", request, sender, parsed: ParsedRequest) -> None:
+        self.model, self.request, self.sender, self.parsed = model, request, sender, parsed
+        self.seq = None
+        self.prefix = "" if parsed.exclude_input else parsed.prompt  # sent with the first response
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.timer = RequestTimer(model.metrics)
+        self.done = False
+
+    def on_output(self, out) -> None:
+        """Called from the engine thread; must never raise into it."""
+        try:
+            self.timer.on_output(out, len(self.model.engine.running))
+            if out.finished:
+                self.finish(out)
+            elif self.parsed.stream:
+                self.sender.send(self.response(out.text, out.token_ids, out.stats, ""))
+                self.check_cancelled()
+            else:
+                self.text.append(out.text)
+                self.ids += out.token_ids
+                self.check_cancelled()
+        except Exception:
+            pb_utils.Logger.log_error(f"specdec: streaming a response failed:\n{traceback.format_exc()}")
+            if out.finished:
+                self.model.forget(self)
+            elif self.seq is not None:
+                self.model.engine.cancel(self.seq)
+
+    def finish(self, out) -> None:
+        self.done = True
+        self.model.forget(self)
+        if out.error:
+            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)),
+                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        if self.parsed.stream:
+            text, ids = out.text, out.token_ids
+        else:
+            text, ids = "".join(self.text) + out.text, self.ids + out.token_ids
+        self.sender.send(self.response(text, ids, out.stats, out.finish_reason or ""),
+                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def response(self, text: str, ids: list[int], stats, reason: str):
+        if self.prefix:
+            text, self.prefix = self.prefix + text, ""
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32)),
+            pb_utils.Tensor("total_draft_tokens", np.array([stats.draft_tokens], dtype=np.int32)),
+            pb_utils.Tensor("total_accepted_draft_tokens", np.array([stats.accepted_tokens], dtype=np.int32)),
+            pb_utils.Tensor("acceptance_rate", np.array([stats.acceptance_rate], dtype=np.float32)),
+            pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)),
+        ])
+
+    def check_cancelled(self) -> bool:
+        if self.seq is not None and not self.seq.cancelled and self.request.is_cancelled():
+            self.model.engine.cancel(self.seq)
+            return True
+        return False
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        self.name = args["model_name"]
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ConfigurationError(f"{self.name}: the specdec backend needs model_transaction_policy "
+                                     "{ decoupled: true }")
+        parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.config = engine_config(parameters, args["model_repository"])
+        self.engine = build_engine(self.config)
+        self.metrics = Metrics(pb_utils, self.name, self.engine)
+        self.ids = itertools.count()
+        self.active: dict[int, Stream] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.engine.start()
+        self.watcher = threading.Thread(target=self._watch, name="specdec-cancel-watcher", daemon=True)
+        self.watcher.start()
+        pb_utils.Logger.log_info(f"specdec: {self.name} ready ({self.config})")
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+                parsed = parse(inputs, request.parameters())
+                stream = Stream(self, request, sender, parsed)
+                n = next(self.ids)
+                with self.lock:
+                    self.active[n] = stream
+                stream.key = n
+                rid = f"{request.request_id() or 'req'}#{n}"
+                stream.seq = self.engine.submit(parsed.prompt, parsed.params, stream.on_output, request_id=rid)
+            except SpecdecError as exc:  # InvalidRequest: the message names the input
+                self._fail(sender, str(exc))
+                self.forget_key(locals().get("n"))
+            except Exception as exc:
+                pb_utils.Logger.log_error(f"specdec: execute failed:\n{traceback.format_exc()}")
+                self._fail(sender, f"internal error: {exc!r}")
+                self.forget_key(locals().get("n"))
+        return None
+
+    @staticmethod
+    def _fail(sender, message: str) -> None:
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def forget(self, stream: Stream) -> None:
+        self.forget_key(getattr(stream, "key", None))
+
+    def forget_key(self, key) -> None:
+        if key is not None:
+            with self.lock:
+                self.active.pop(key, None)
+
+    def _watch(self) -> None:
+        """Requests still queued for a slot produce no output, so nothing else would notice their
+        client going away: poll them."""
+        while not self.stopping.wait(WATCH_INTERVAL_S):
+            with self.lock:
+                waiting = [s for s in self.active.values() if s.seq is not None and s.seq.slot < 0 and not s.done]
+            for stream in waiting:
+                try:
+                    stream.check_cancelled()
+                except Exception:
+                    pass
+
+    def finalize(self) -> None:
+        self.stopping.set()
+        self.engine.stop()  # ends queued and running requests with a final response
+        self.metrics.stop()
