@@ -93,3 +93,14 @@ def test_speculative_samples_follow_the_target_distribution(small, method, param
     assert p_value(counts, wrong) < 1e-3
     # and speculation really happened, with both acceptances and rejections
     assert 0 < metrics.accepted_tokens < metrics.draft_tokens
+
+
+@pytest.mark.slow
+def test_typical_acceptance_is_opt_in_and_measurably_lossy(small):
+    """The lossy option exists only when asked for, and the chi-square test can tell."""
+    params = SamplingParams(max_tokens=3, temperature=1.0, ignore_eos=True)
+    tree = "[[0], [1], [0, 0], [0, 1], [1, 0], [2]]"
+    counts, metrics = sampled_joint(small, "medusa", params, medusa_tree=tree, acceptance="typical",
+                                    typical_threshold=0.3, typical_alpha=0.9)
+    assert metrics.accepted_tokens > 0
+    assert p_value(counts, exact_joint(small["target"], params)) < 1e-3

@@ -29,7 +29,7 @@ from .policy import CostModel, Policy
 from .proposers.base import Proposer
 from .sampling import SamplingParams, mask_eos, probs, sample
 from .sequence import Output, RequestStats, Sequence
-from .verify import Draft, tree_mask, verify
+from .verify import Draft, TypicalAcceptance, tree_mask, verify
 
 log = logging.getLogger("specdec.engine")
 
@@ -72,8 +72,10 @@ class Engine:
         adaptive: bool = True,
         queue_timeout_s: float = 60.0,
         depth_for: Callable[[int], int] | None = None,
+        typical: TypicalAcceptance | None = None,
     ) -> None:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
+        self.typical = typical  # lossy Medusa-2 acceptance for sampled requests; None = exact
         self.max_batch, self.max_context = max_batch, max_context
         self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
         self.device = target.lm_head.weight.device
@@ -118,7 +120,7 @@ class Engine:
             )
         seq = Sequence(
             request_id=request_id or f"req-{next(self.ids)}", prompt_ids=prompt_ids, params=params,
-            on_output=on_output, generator=params.generator(self.device), tokens=list(prompt_ids),
+            on_output=on_output, generator=params.generator(), tokens=list(prompt_ids),
         )
         self.streams[seq.request_id] = StreamState(IncrementalDetokenizer(self.tokenizer))
         with self.lock:
@@ -254,7 +256,7 @@ class Engine:
         self.policy.observe_draft_time(t1 - t0, depth_drafted)
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids,
-                             seq.params.min_tokens - len(seq.output_ids))
+                             seq.params.min_tokens - len(seq.output_ids), self.typical)
             offsets = [0] + [i + 1 for i in verdict.path]
             self.cache.compact(seq.slot, starts[b], offsets)
             accepted = [draft.tokens[i] for i in verdict.path]

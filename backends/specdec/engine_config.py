@@ -18,6 +18,7 @@ from .proposers.draft_model import DraftModelProposer
 from .proposers.eagle import EagleProposer, EagleTree
 from .proposers.medusa import MedusaProposer
 from .proposers.ngram import NgramProposer
+from .verify import TypicalAcceptance
 
 METHODS = ("baseline", "draft", "medusa", "eagle", "eagle2", "ngram")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -36,6 +37,9 @@ class EngineConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     adaptive: bool = True
+    acceptance: str = "exact"  # "typical": Medusa-2 typical acceptance, LOSSY for sampled requests
+    typical_threshold: float = 0.09
+    typical_alpha: float = 0.3
     max_batch: int = 8
     max_context: int = 1024
     queue_timeout_s: float = 60.0
@@ -57,6 +61,8 @@ def build_engine(cfg: EngineConfig) -> Engine:
         raise ConfigurationError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
     if cfg.k < 0:
         raise ConfigurationError(f"k must be >= 0, got {cfg.k}")
+    if cfg.acceptance not in ("exact", "typical"):
+        raise ConfigurationError(f"acceptance must be 'exact' or 'typical' (lossy), got {cfg.acceptance!r}")
     if cfg.dtype not in DTYPES:
         raise ConfigurationError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
     if cfg.device.startswith("cpu"):
@@ -97,5 +103,6 @@ def build_engine(cfg: EngineConfig) -> Engine:
         proposer = EagleProposer(head, target, cfg.k, tree, eos)
     elif cfg.method == "ngram":
         proposer = NgramProposer(cfg.k, cfg.ngram_min, cfg.ngram_max)
+    typical = TypicalAcceptance(cfg.typical_threshold, cfg.typical_alpha) if cfg.acceptance == "typical" else None
     return Engine(target, tokenizer, proposer, cfg.max_batch, cfg.max_context, cfg.adaptive,
-                  cfg.queue_timeout_s, depth_for)
+                  cfg.queue_timeout_s, depth_for, typical)

@@ -56,11 +56,11 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty strings")
 
-    def generator(self, device: str | torch.device = "cpu") -> torch.Generator | None:
-        """A per-request generator: seeded requests reproduce, whatever else shares the batch."""
+    def generator(self) -> torch.Generator | None:
+        """A per-request (CPU) generator: seeded requests reproduce, whatever else shares the batch."""
         if self.greedy:
             return None
-        g = torch.Generator(device=device)
+        g = torch.Generator()
         g.manual_seed(self.seed if self.seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         return g
 
@@ -70,14 +70,19 @@ def mask_eos(logits: Tensor, eos_ids: list[int], rows_needing_more: Tensor) -> T
     if not eos_ids or not bool(rows_needing_more.any()):
         return logits
     logits = logits.clone()
+    rows = rows_needing_more.to(logits.device)
     for eos in eos_ids:
-        logits[rows_needing_more, eos] = float("-inf")
+        logits[rows, eos] = float("-inf")
     return logits
 
 
 def probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """Rows of logits [N, V] -> the distribution a sample is drawn from (float64 for exact tests)."""
-    logits = logits.double()
+    """Rows of logits [N, V] -> the distribution a sample is drawn from.
+
+    Computed on the CPU in float64 whatever the model's device: sampling then uses the request's
+    CPU generator, so a seeded request gives the same tokens on any device and batch.
+    """
+    logits = logits.detach().to("cpu", torch.float64)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
     logits = logits / params.temperature

@@ -9,6 +9,10 @@ Greedy: walk down while a child equals the target's argmax. Sampling: recursive 
 min(1, p(c) / q_c(c)); a rejection replaces p by norm(max(0, p - q_c)). A node whose children
 are all rejected ends the walk with a token sampled from the remaining p. Children picked
 deterministically (top-k heads, prompt lookup) have one-hot q, which makes this exact for them too.
+
+Typical acceptance (Medusa-2) is the one lossy option, off unless configured: a child is kept when
+the target gives it probability above min(threshold, alpha * exp(-entropy of p)). Output then no
+longer follows the target's distribution exactly; greedy requests are unaffected.
 """
 
 from __future__ import annotations
@@ -69,6 +73,12 @@ def tree_mask(draft: Draft, size: int) -> Tensor:
 
 
 @dataclass
+class TypicalAcceptance:
+    threshold: float = 0.09
+    alpha: float = 0.3
+
+
+@dataclass
 class Verdict:
     path: list[int]  # accepted node indices, root to leaf
     bonus: int  # the target's own next token after the accepted path
@@ -76,7 +86,7 @@ class Verdict:
 
 def verify(
     draft: Draft, logits: Tensor, params: SamplingParams, generator: torch.Generator | None,
-    eos_ids: list[int] = (), eos_blocked_until_depth: int = 0,
+    eos_ids: list[int] = (), eos_blocked_until_depth: int = 0, typical: TypicalAcceptance | None = None,
 ) -> Verdict:
     """Accept a prefix path of the draft tree; logits: [>= len(draft) + 1, V] target rows.
 
@@ -84,7 +94,7 @@ def verify(
     """
     kids = draft.children()
     depth = [0] + draft.depths()
-    rows = logits[: len(draft) + 1]
+    rows = logits[: len(draft) + 1].detach().to("cpu", torch.float64)  # small; exact compare and sampling
     if eos_blocked_until_depth > 0:
         rows = mask_eos(rows, list(eos_ids), torch.tensor([d < eos_blocked_until_depth for d in depth]))
     path: list[int] = []
@@ -99,6 +109,8 @@ def verify(
             path.append(nxt)
             node = nxt
     p_all = probs(rows, params)
+    if typical is not None:
+        return verify_typical(draft, kids, p_all, typical, generator)
     while True:
         p = p_all[node + 1]
         for c in kids.get(node, []):
@@ -119,3 +131,21 @@ def verify(
                 p = residual / total
         else:
             return Verdict(path, sample(p, generator))
+
+
+def verify_typical(
+    draft: Draft, kids: dict[int, list[int]], p_all: Tensor, typical: TypicalAcceptance,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Lossy: follow the first child the target finds typical enough; then sample from p."""
+    path: list[int] = []
+    node = -1
+    while True:
+        p = p_all[node + 1]
+        entropy = -(p * torch.log(p.clamp_min(1e-30))).sum()
+        floor = min(typical.threshold, typical.alpha * float(torch.exp(-entropy)))
+        nxt = next((c for c in kids.get(node, []) if float(p[draft.tokens[c]]) > floor), None)
+        if nxt is None:
+            return Verdict(path, sample(p, generator))
+        path.append(nxt)
+        node = nxt
