@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .config import LlamaConfig
-from .llama import LlamaForCausalLM, rope_inv_freq
+from .llama import LlamaForCausalLM, fuse_projections, rope_inv_freq
 
 
 class CheckpointError(ValueError):
@@ -65,7 +65,9 @@ def load_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(config).float().to(device)  # a buffer, not in the checkpoint
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    fuse_projections(model.model.layers)
+    return model
 
 
 def save_model(model: LlamaForCausalLM, folder: str | Path, dtype: torch.dtype = torch.float16) -> None:
@@ -75,7 +77,7 @@ def save_model(model: LlamaForCausalLM, folder: str | Path, dtype: torch.dtype =
     config = model.config.to_hf()
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(dtype).clone() for k, v in model.state_dict().items()}  # clone: no shared views
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight")
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})

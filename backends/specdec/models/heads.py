@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from .checkpoint import CheckpointError, load_weights
 from .config import LlamaConfig
 from .kv_cache import KVCache
-from .llama import DecoderLayer, rope_inv_freq, run_decoder
+from .llama import DecoderLayer, fuse_projections, rope_inv_freq, run_decoder
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -113,7 +113,7 @@ class EagleHead(nn.Module):
         config["num_hidden_layers"] = 1
         config["bias"] = self.fc.bias is not None
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().to(dtype).clone() for k, v in self.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod
@@ -128,4 +128,6 @@ class EagleHead(nn.Module):
         if missing or unexpected:
             raise CheckpointError(f"{folder}: EAGLE weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})")
         head.inv_freq = rope_inv_freq(config).float()
-        return head.to(device=device, dtype=dtype).eval()
+        head = head.to(device=device, dtype=dtype).eval()
+        fuse_projections(head.layers)
+        return head

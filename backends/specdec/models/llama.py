@@ -68,12 +68,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.n_kv * self.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, self.n_kv * self.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=c.o_bias)
+        self.fused: tuple[Tensor, Tensor | None] | None = None  # set by fuse_projections (inference)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = F.linear(x, *self.fused).split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                                                      self.n_kv * self.head_dim], -1)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv, self.head_dim)
+        v = v.view(B, T, self.n_kv, self.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if cache is not None:  # serving: attend over the slot's cache; else training: causal over x
@@ -96,9 +102,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=b)
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
+        self.fused: tuple[Tensor, Tensor | None] | None = None  # set by fuse_projections (inference)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, *self.fused).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -148,6 +158,28 @@ class BatchContext:
         if self.contiguous:
             return cache_layer[self.slot0 : self.slot0 + len(self.slots), : self.length]
         return cache_layer[self.slots, : self.length]
+
+
+def fuse_projections(layers: nn.ModuleList) -> None:
+    """Inference: one matmul for q/k/v and one for gate/up instead of five (small models on CPU are
+    bound by per-call overhead). The separate weights become views of the fused ones: no extra memory."""
+
+    def fuse(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+        weight = torch.cat([m.weight.detach() for m in linears])
+        bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+        start = 0
+        for m in linears:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+            if bias is not None:
+                m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
+            start += n
+        return weight, bias
+
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        a.fused = fuse([a.q_proj, a.k_proj, a.v_proj])
+        m.fused = fuse([m.gate_proj, m.up_proj])
 
 
 def run_decoder(
