@@ -14,65 +14,17 @@ import itertools
 import json
 import threading
 import traceback
-from dataclasses import fields
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..engine_config import EngineConfig, build_engine
-from ..errors import ConfigurationError, InvalidRequest, SpecdecError
+from ..engine_config import build_engine
+from ..errors import ConfigurationError, SpecdecError
+from .config import engine_config
 from .metrics import Metrics, RequestTimer
 from .request import ParsedRequest, parse
 
-PATH_KEYS = ("target", "draft", "medusa", "eagle")
 WATCH_INTERVAL_S = 0.05
-
-
-def engine_config(parameters: dict[str, str], model_dir: str | Path) -> EngineConfig:
-    """config.pbtxt string parameters -> EngineConfig. Relative checkpoint paths are resolved
-    against the config's folder, then against the folder holding the model repository."""
-    model_dir = Path(model_dir)
-    types = {f.name: f.type for f in fields(EngineConfig)}
-    values: dict[str, object] = {}
-    for key, raw in parameters.items():
-        raw = raw.strip()
-        if key == "policy":
-            if raw not in ("adaptive", "fixed"):
-                raise ConfigurationError(f"parameter policy must be 'adaptive' or 'fixed', got {raw!r}")
-            values["adaptive"] = raw == "adaptive"
-            continue
-        if key not in types:
-            raise ConfigurationError(f"unknown model parameter {key!r}; known: policy, {', '.join(types)}")
-        if raw == "" or raw.lower() == "none":
-            continue
-        kind = str(types[key])
-        try:
-            if key in PATH_KEYS:
-                values[key] = resolve_path(raw, model_dir)
-            elif kind.startswith("bool"):
-                values[key] = {"true": True, "1": True, "false": False, "0": False}[raw.lower()]
-            elif kind.startswith("int"):
-                values[key] = int(raw)
-            elif kind.startswith("float"):
-                values[key] = float(raw)
-            else:
-                values[key] = raw
-        except (KeyError, ValueError):
-            raise ConfigurationError(f"model parameter {key}={raw!r} is not a valid {kind}") from None
-    if "target" not in values:
-        raise ConfigurationError("model parameter 'target' (the target checkpoint folder) is required")
-    return EngineConfig(**values)
-
-
-def resolve_path(raw: str, model_dir: Path) -> str:
-    path = Path(raw).expanduser()
-    if path.is_absolute():
-        return str(path)
-    for base in (model_dir, model_dir.parent.parent):
-        if (base / path).exists():
-            return str((base / path).resolve())
-    return str((model_dir / path).resolve())  # build_engine reports the missing folder
 
 
 class Stream:
