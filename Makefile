@@ -26,3 +26,9 @@ bench: install
 
 demo: install
 	$(VENV)/bin/specdec demo
+
+# Serve model_repository/ (the demo kit in build/demo-kit) on tritonserver; Ctrl-C stops it.
+.PHONY: serve
+SERVE_ARGS ?=
+serve: install
+	$(PY) -m specdec.triton.server --model-repository model_repository $(SERVE_ARGS)
