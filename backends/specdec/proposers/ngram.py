@@ -13,14 +13,26 @@ from ..verify import Draft
 
 
 def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The k tokens after the most recent earlier match of the longest suffix n-gram (max_n..min_n)."""
+    """What followed an earlier match of the longest suffix n-gram (max_n..min_n).
+
+    The most recent match that still has k tokens after it wins; without one, the match with the
+    longest continuation. (In a repeating span the most recent match sits right before the suffix
+    and would offer a single token.)
+    """
     L = len(tokens)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         pattern = tokens[L - n :]
         first = pattern[0]
+        best: list[int] = []
         for i in range(L - n - 1, -1, -1):
             if tokens[i] == first and tokens[i : i + n] == pattern:
-                return tokens[i + n : i + n + k]
+                follow = tokens[i + n : i + n + k]
+                if len(follow) == k:
+                    return follow
+                if len(follow) > len(best):
+                    best = follow
+        if best:
+            return best
     return []
 
 

@@ -1,0 +1,68 @@
+"""Each proposer's first draft token is what its model predicts for the committed context,
+recomputed from scratch (no caches): catches misaligned features, positions or stale caches."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine_config import EngineConfig, build_engine
+from specdec.proposers.ngram import lookup
+from specdec.sampling import SamplingParams
+from test_engine import kit, prompts  # noqa: F401
+
+
+def recorded_first_drafts(eng):
+    seen = []
+    propose = eng.proposer.propose
+
+    def spy(seqs, ks):
+        drafts = propose(seqs, ks)
+        seen.extend((list(s.tokens), d) for s, d in zip(seqs, drafts) if len(d))
+        return drafts
+
+    eng.proposer.propose = spy
+    eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=12, ignore_eos=True))
+    assert len(seen) > 10
+    return seen
+
+
+def test_eagle_first_draft_matches_teacher_forced_head(kit):  # noqa: F811
+    for method in ("eagle", "eagle2"):
+        eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+        target, head = eng.target, eng.proposer.head
+        for tokens, draft in recorded_first_drafts(eng):
+            ids = torch.tensor([tokens])
+            with torch.no_grad():
+                feats = target(ids[:, :-1])  # features of every committed token before the root
+                pred = head(target.model.embed_tokens(ids[:, 1:]), feats)  # pairs (f_t, x_t+1)
+                want = int(target.logits(pred[0, -1]).argmax())
+            first_children = [t for t, p in zip(draft.tokens, draft.parents) if p == -1]
+            assert first_children[0] == want
+
+
+def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
+    eng = build_engine(EngineConfig(method="medusa", dtype="float64", adaptive=False, max_batch=2, **kit))
+    target, heads = eng.target, eng.proposer.heads
+    for tokens, draft in recorded_first_drafts(eng):
+        with torch.no_grad():
+            last_hidden = target(torch.tensor([tokens[:-1]]))[0, -1]
+            top = heads(last_hidden).argmax(-1).tolist()  # best token per head
+        assert draft.tokens[0] == top[0]  # path [0]: head 0's best
+        if [0, 0] in eng.proposer.tree[: len(draft)]:
+            assert draft.tokens[eng.proposer.tree.index([0, 0])] == top[1]
+
+
+def test_draft_model_first_draft_matches_its_own_forward(kit):  # noqa: F811
+    eng = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    model = eng.proposer.model
+    for tokens, draft in recorded_first_drafts(eng):
+        with torch.no_grad():
+            logits = model.logits(model(torch.tensor([tokens + draft.tokens[:-1]])))[0]
+        assert draft.tokens == logits[len(tokens) - 1 :].argmax(-1).tolist()
+
+
+def test_ngram_prefers_a_match_with_a_full_continuation():
+    assert lookup([5] * 8, 3, 1, 3) == [5, 5, 5]
+    assert lookup([5] * 5, 3, 1, 3) == [5, 5]
+    assert lookup([1, 2, 3, 9, 1, 2], 2, 1, 3) == [3, 9]
+    assert lookup([1, 2, 3, 4], 2, 1, 3) == []
