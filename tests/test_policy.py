@@ -1,0 +1,72 @@
+"""The adaptive policy: speculate deeply when verification is nearly free and drafts are accepted,
+turn it off where it would lose (compute-bound batch, collapsed acceptance), and come back."""
+
+from __future__ import annotations
+
+from specdec.policy import COLLAPSE_ALPHA, CostModel, Policy, expected_tokens
+from specdec.sampling import SamplingParams
+from specdec.sequence import Sequence
+
+
+def seqs(n: int, alpha: float, **params) -> list[Sequence]:
+    out = []
+    for i in range(n):
+        s = Sequence(f"r{i}", [1, 2], SamplingParams(**params), lambda o: None)
+        s.acceptance_ema = alpha
+        out.append(s)
+    return out
+
+
+def memory_bound() -> CostModel:
+    """Verify time nearly flat up to 64 tokens (a GPU or small batch): extra tokens are cheap."""
+    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_seconds_per_level=0.05)
+
+
+def compute_bound() -> CostModel:
+    """Every token costs the same (a saturated CPU): verifying rejected tokens is pure loss."""
+    return CostModel([1, 512], [1.0, 512.0], draft_seconds_per_level=0.05)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert abs(expected_tokens(0.5, 2) - 1.75) < 1e-12
+    assert expected_tokens(1.0, 4) == 5.0
+
+
+def test_deep_speculation_when_verification_is_cheap_and_acceptance_high():
+    p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
+    p.cost = memory_bound()
+    assert p.choose(seqs(1, 0.8)) == [8]
+
+
+def test_speculation_off_at_high_load_when_compute_bound():
+    p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    assert p.choose(seqs(32, 0.6)) == [0] * 32
+    p.cost = memory_bound()
+    assert max(p.choose(seqs(2, 0.6))) > 0
+
+
+def test_collapsed_sequence_turns_off_alone_and_recovers():
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = memory_bound()
+    good, bad = seqs(1, 0.8)[0], seqs(1, 0.8)[0]
+    for _ in range(12):
+        p.observe(bad, 4, 0)
+    assert bad.acceptance_ema < COLLAPSE_ALPHA
+    assert p.choose([good, bad]) == [4, 0]
+    steps = 0
+    while p.choose([good, bad])[1] == 0:
+        p.observe(bad, 0, 0)
+        steps += 1
+    assert 0 < steps < 100  # retried after a while
+
+
+def test_request_cap_and_fixed_policy():
+    p = Policy(max_k=6, adaptive=False, depth_for=lambda k: k)
+    assert p.choose(seqs(1, 0.1) + seqs(1, 0.9, num_draft_tokens=2)) == [6, 2]
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    c = CostModel([1, 3], [1.0, 2.0])
+    assert c.verify(2) == 1.5 and c.verify(6) == 4.0 and c.verify(1) == 1.0
