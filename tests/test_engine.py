@@ -196,3 +196,22 @@ def test_seeded_sampling_reproduces(kit):
     a = eng.generate(["def add(a, b):"] * 3, params)
     b = eng.generate(["def add(a, b):"], params)
     assert a[0].token_ids == a[1].token_ids == a[2].token_ids == b[0].token_ids
+
+
+def test_an_internal_error_fails_the_batch_with_final_responses_and_the_engine_keeps_serving(kit):
+    eng = engine(kit, "draft", max_batch=2)
+    outs: list = []
+    eng.submit("def add(a, b):", SamplingParams(max_tokens=30, ignore_eos=True), outs.append)
+    eng.step()
+    propose = eng.proposer.propose
+    eng.proposer.propose = lambda seqs, ks: 1 / 0  # a bug in a proposer
+    late: list = []
+    eng.submit("import os", SamplingParams(max_tokens=5, ignore_eos=True), late.append)
+    with pytest.raises(ZeroDivisionError):
+        eng.step()
+    assert outs[-1].finished and outs[-1].finish_reason == "error" and "ZeroDivisionError" in outs[-1].error
+    assert late[-1].finished and late[-1].finish_reason == "error"
+    assert sorted(eng.free_slots) == [0, 1] and not eng.running
+    eng.proposer.propose = propose
+    [ok] = eng.generate(["import os"], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert ok.finish_reason == "length" and len(ok.token_ids) == 5

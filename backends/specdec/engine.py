@@ -167,6 +167,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> None:
         """Admit and prefill, then one propose/verify/commit round for every running sequence."""
+        admitted: list[Sequence] = []
         try:
             self._drop_cancelled()
             admitted = self._admit()
@@ -175,7 +176,7 @@ class Engine:
             if self.running:
                 self._decode()
         except Exception as exc:  # never leave a client hanging: fail the batch, keep serving
-            for seq in list(self.running):
+            for seq in list(self.running) + admitted:
                 self._finish(seq, "error", error=f"internal error: {exc!r}")
             raise
 
@@ -322,6 +323,9 @@ class Engine:
             seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, seq.stats, error))
 
     def _finish(self, seq: Sequence, reason: str, text_end: int | None = None, token_ids=(), error=None) -> None:
+        stream = self.streams.pop(seq.request_id, None)
+        if stream is None:  # already finished
+            return
         seq.stats.finished = time.perf_counter()
         if seq in self.running:
             self.running.remove(seq)
@@ -330,11 +334,8 @@ class Engine:
                 self.proposer.release(seq.slot)
             self.free_slots.append(seq.slot)
             seq.slot = -1
-        stream = self.streams.pop(seq.request_id, None)
         self.metrics.finished += 1
         self.metrics.errors += reason == "error"
-        if stream is None:
-            return
         end = len(stream.text) if text_end is None else text_end
         self._send(seq, stream, end, token_ids, finished=True, reason=reason, error=error)
 
