@@ -142,16 +142,19 @@ class BatchContext:
         self.slot_index = slot_t[:, None]
         self.write_pos = start_t[:, None] + torch.arange(T, device=device)
         self.length = max(starts) + T
-        j = torch.arange(self.length, device=device)
-        rel = j[None, :] - start_t[:, None]  # [B, L]: key j's index among the new tokens
-        if tree_mask is None:
-            i = torch.arange(T, device=device)
-            new_visible = (rel[:, None, :] >= 0) & (rel[:, None, :] <= i[None, :, None])
+        if T == 1 and min(starts) == max(starts):
+            self.mask = None  # one new token per sequence, same length: it sees every key
         else:
-            in_new = (rel >= 0) & (rel < T)
-            gathered = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, self.length))
-            new_visible = gathered & in_new[:, None, :]
-        self.mask = ((rel < 0)[:, None, :] | new_visible)[:, None]  # [B, 1, T, L]
+            j = torch.arange(self.length, device=device)
+            rel = j[None, :] - start_t[:, None]  # [B, L]: key j's index among the new tokens
+            if tree_mask is None:
+                i = torch.arange(T, device=device)
+                new_visible = (rel[:, None, :] >= 0) & (rel[:, None, :] <= i[None, :, None])
+            else:
+                in_new = (rel >= 0) & (rel < T)
+                gathered = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, self.length))
+                new_visible = gathered & in_new[:, None, :]
+            self.mask = ((rel < 0)[:, None, :] | new_visible)[:, None]  # [B, 1, T, L]
         self.slots = slot_t
 
     def read(self, cache_layer: Tensor) -> Tensor:
