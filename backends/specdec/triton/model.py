@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import queue
 import threading
 import traceback
 
@@ -28,11 +29,13 @@ WATCH_INTERVAL_S = 0.05
 
 
 class Stream:
-    """One request's responses, fed by the engine thread's Outputs."""
+    """One request's responses. The engine thread hands Outputs to `on_output` (a queue put: the
+    engine never waits for IPC); the model's sender thread delivers them, merging what piled up."""
 
     def __init__(self, model: "TritonPythonModel", request, sender, parsed: ParsedRequest) -> None:
         self.model, self.request, self.sender, self.parsed = model, request, sender, parsed
         self.seq = None
+        self.key = None
         self.prefix = "" if parsed.exclude_input else parsed.prompt  # sent with the first response
         self.text: list[str] = []
         self.ids: list[int] = []
@@ -40,36 +43,43 @@ class Stream:
         self.done = False
 
     def on_output(self, out) -> None:
-        """Called from the engine thread; must never raise into it."""
+        """Engine thread: cheap and never raises."""
         try:
             self.timer.on_output(out, len(self.model.engine.running))
-            if out.finished:
-                self.finish(out)
+        except Exception:
+            pass
+        self.model.outbox.put((self, out))
+
+    def deliver(self, outs: list) -> None:
+        """Sender thread: one response for the Outputs of this request that arrived together."""
+        last = outs[-1]
+        try:
+            text = "".join(o.text for o in outs)
+            ids = [i for o in outs for i in o.token_ids]
+            if last.finished:
+                self.finish(last, text, ids)
             elif self.parsed.stream:
-                self.sender.send(self.response(out.text, out.token_ids, out.stats, ""))
+                self.sender.send(self.response(text, ids, last.stats, ""))
                 self.check_cancelled()
             else:
-                self.text.append(out.text)
-                self.ids += out.token_ids
-                self.check_cancelled()
+                self.text.append(text)
+                self.ids += ids
         except Exception:
-            pb_utils.Logger.log_error(f"specdec: streaming a response failed:\n{traceback.format_exc()}")
-            if out.finished:
+            pb_utils.Logger.log_error(f"specdec: sending a response failed:\n{traceback.format_exc()}")
+            if last.finished:
                 self.model.forget(self)
             elif self.seq is not None:
                 self.model.engine.cancel(self.seq)
 
-    def finish(self, out) -> None:
+    def finish(self, out, text: str, ids: list[int]) -> None:
         self.done = True
         self.model.forget(self)
         if out.error:
             self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)),
                              flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        if self.parsed.stream:
-            text, ids = out.text, out.token_ids
-        else:
-            text, ids = "".join(self.text) + out.text, self.ids + out.token_ids
+        if not self.parsed.stream:
+            text, ids = "".join(self.text) + text, self.ids + ids
         self.sender.send(self.response(text, ids, out.stats, out.finish_reason or ""),
                          flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -86,7 +96,7 @@ class Stream:
         ])
 
     def check_cancelled(self) -> bool:
-        if self.seq is not None and not self.seq.cancelled and self.request.is_cancelled():
+        if self.seq is not None and not self.seq.cancelled and not self.done and self.request.is_cancelled():
             self.model.engine.cancel(self.seq)
             return True
         return False
@@ -107,6 +117,9 @@ class TritonPythonModel:
         self.active: dict[int, Stream] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.sender = threading.Thread(target=self._send_loop, name="specdec-sender", daemon=True)
+        self.sender.start()
         self.engine.start()
         self.watcher = threading.Thread(target=self._watch, name="specdec-cancel-watcher", daemon=True)
         self.watcher.start()
@@ -148,18 +161,38 @@ class TritonPythonModel:
                 self.active.pop(key, None)
 
     def _watch(self) -> None:
-        """Requests still queued for a slot produce no output, so nothing else would notice their
-        client going away: poll them."""
+        """Streaming requests are checked by the sender after each response; requests still queued
+        for a slot and non-streaming ones send nothing until the end, so poll those here."""
         while not self.stopping.wait(WATCH_INTERVAL_S):
             with self.lock:
-                waiting = [s for s in self.active.values() if s.seq is not None and s.seq.slot < 0 and not s.done]
+                waiting = [s for s in self.active.values()
+                           if s.seq is not None and not s.done and (s.seq.slot < 0 or not s.parsed.stream)]
             for stream in waiting:
                 try:
                     stream.check_cancelled()
                 except Exception:
                     pass
 
+    def _send_loop(self) -> None:
+        while True:
+            batch = [self.outbox.get()]
+            while True:  # take everything that piled up while the last responses were sent
+                try:
+                    batch.append(self.outbox.get_nowait())
+                except queue.Empty:
+                    break
+            groups: dict[Stream, list] = {}
+            for item in batch:
+                if item is not None:
+                    groups.setdefault(item[0], []).append(item[1])
+            for stream, outs in groups.items():
+                stream.deliver(outs)
+            if None in batch:
+                return
+
     def finalize(self) -> None:
         self.stopping.set()
-        self.engine.stop()  # ends queued and running requests with a final response
+        self.engine.stop()  # ends queued and running requests: their final Outputs go to the outbox
+        self.outbox.put(None)
+        self.sender.join(timeout=10)
         self.metrics.stop()

@@ -83,7 +83,10 @@ def _copy(src: Path, dst: Path) -> None:
 def server_env(threads: int | None = None) -> dict[str, str]:
     """tritonserver's environment: venv bin first on PATH, the wheel's libraries, our package."""
     env = dict(os.environ)
-    venv_bin = Path(sys.executable).parent
+    # the environment that holds pytriton (and torch): its bin/ first, as `activate` does
+    venv_bin = pytriton_root().parents[3] / "bin"
+    if not (venv_bin / "python").exists():
+        venv_bin = Path(sys.executable).parent
     env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("VIRTUAL_ENV", str(venv_bin.parent))
     root = pytriton_root()
@@ -155,8 +158,10 @@ class TritonServer:
 
     def start(self, timeout_s: float = 300.0) -> "TritonServer":
         log = open(self.log_path, "ab")
+        # its own process group (stop() kills the stubs with it), but the caller's session: with
+        # scheduler autogroups a new session would get its own CPU share, unlike the caller
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=server_env(),
-                                     start_new_session=True)
+                                     process_group=0)
         log.close()
         try:
             self.wait_ready(timeout_s)

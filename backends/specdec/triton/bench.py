@@ -1,0 +1,142 @@
+"""Serving overhead benchmark (not a test): streamed tokens/s at concurrency 1 through tritonserver
+(gRPC stream) versus the same engine in-process, same model config, same prompts.
+
+    python -m specdec.triton.bench --model spec_eagle                 # a model of model_repository/
+    python -m specdec.triton.bench --target DIR --method baseline     # any checkpoint (temp repository)
+
+Both sides run greedy with ignore_eos, so every request produces exactly --max-tokens tokens, and
+the texts must match. Rates are client-side: tokens / (last token - submit), TTFT included. The
+in-process side streams through the engine's background thread and callback, as the backend does.
+Requests alternate between the two sides one at a time; `ratio` is the median of per-pair ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..client import request_inputs, stream
+from ..engine_config import build_engine
+from ..sampling import SamplingParams
+from .config import engine_config_for
+from .repository import MODELS, write_repository
+from .server import REPO_ROOT, TritonServer, free_port
+
+DEFAULT_PROMPTS = [
+    "def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
+    "    for i in range(len(items)):\n", "def read_config(path):\n    with open(path) as f:\n",
+    "try:\n    import json\nexcept ImportError:\n", "if __name__ == '__main__':\n", "    return sorted(",
+]
+
+
+class InProcess:
+    """The engine in this process, streaming through its background thread and callback."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.engine = build_engine(engine_config_for(model_dir))
+        self.engine.start()
+
+    def run(self, prompt: str, max_tokens: int) -> tuple[float, str]:
+        done, parts, count, last = threading.Event(), [], [0], [0.0]
+
+        def on_output(out):
+            parts.append(out.text)
+            if out.token_ids:
+                count[0] += len(out.token_ids)
+                last[0] = time.perf_counter()
+            if out.finished:
+                done.set()
+        t0 = time.perf_counter()
+        self.engine.submit(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), on_output)
+        done.wait()
+        return count[0] / (last[0] - t0), "".join(parts)
+
+    def close(self) -> None:
+        self.engine.stop()
+
+
+def through_triton(url: str, model: str, prompt: str, max_tokens: int, protocol: str) -> tuple[float, str]:
+    inputs = request_inputs(prompt, max_tokens=max_tokens, ignore_eos=True, stream=True, exclude_input_in_output=True)
+    t0 = time.perf_counter()
+    count, last, parts = 0, t0, []
+    for chunk in stream(url, model, inputs, protocol):
+        if chunk.token_ids:
+            count += len(chunk.token_ids)
+            last = chunk.time
+        parts.append(chunk.text)
+    return count / (last - t0), "".join(parts)
+
+
+def compare(repo: Path, model: str, prompts: list[str], max_tokens: int, repeats: int, protocol: str) -> dict:
+    """Alternate in-process and Triton requests prompt by prompt (one at a time: concurrency 1), so
+    load from anything else on the machine hits both sides alike; the first round warms up."""
+    server = TritonServer(repo, [model], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    local = None
+    with server:
+        try:
+            local = InProcess(repo / model)
+            url = server.grpc_url if protocol == "grpc" else server.http_url
+            pairs, match = [], True
+            for r in range(repeats + 1):
+                for prompt in prompts:
+                    a, text_a = local.run(prompt, max_tokens)
+                    b, text_b = through_triton(url, model, prompt, max_tokens, protocol)
+                    if r:
+                        pairs.append((a, b))
+                        match &= text_a == text_b
+        finally:
+            if local is not None:
+                local.close()
+    a = statistics.median(p[0] for p in pairs)
+    b = statistics.median(p[1] for p in pairs)
+    return {"in_process_tokens_per_s": round(a, 1), "triton_tokens_per_s": round(b, 1),
+            "ratio": round(statistics.median(p[1] / p[0] for p in pairs), 3), "requests": len(pairs),
+            "texts_match": match}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdec.triton.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"))
+    ap.add_argument("--model", default="baseline")
+    ap.add_argument("--target", help="benchmark this checkpoint instead (written into a temp repository)")
+    ap.add_argument("--draft")
+    ap.add_argument("--medusa")
+    ap.add_argument("--eagle")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args(argv)
+    try:  # a session (scheduler autogroup) of our own, shared by both sides, apart from other work
+        os.setsid()
+    except OSError:
+        pass
+    prompts = DEFAULT_PROMPTS[: args.prompts]
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(args.model_repository)
+        if args.target:
+            repo = Path(tmp)
+            write_repository(repo, args.target, args.draft, args.medusa, args.eagle, models=[args.model],
+                             dtype=args.dtype, absolute=True)
+        if not (repo / args.model / "config.pbtxt").exists():
+            print(f"error: no model {args.model!r} in {repo} (models: {', '.join(MODELS)})", file=sys.stderr)
+            return 2
+        result = {"model": args.model, "protocol": args.protocol, "max_tokens": args.max_tokens,
+                  **compare(repo, args.model, prompts, args.max_tokens, args.repeats, args.protocol)}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
