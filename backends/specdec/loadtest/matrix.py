@@ -47,7 +47,6 @@ class MatrixConfig:
     prompts: int = 32
     seed: int = 0
     stop_timeout_s: float = 120.0
-    model_repository: str | None = None  # lets the memory sampler find the models' processes
     out: str = "reports/loadtest"
 
     def to_dict(self) -> dict:
@@ -65,22 +64,41 @@ def scrape(url: str) -> dict:
         return {}
 
 
-def model_processes(model: str, model_repository: str | None = None) -> list[int]:
-    """PIDs of the Python backend stubs serving `model` on this machine (one per instance)."""
+def _cmdline(pid: str) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ppid(pid: str) -> str | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return line.split()[1]
+    except OSError:
+        pass
+    return None
+
+
+def model_processes(model: str, grpc_url: str) -> list[int]:
+    """PIDs of the Python backend stubs serving `model` for the tritonserver on this machine that
+    listens on grpc_url's port (one per instance); empty when that server is not local."""
+    port = grpc_url.rsplit(":", 1)[-1].encode()
+    procs = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()]
+    servers = set()
+    for pid in procs:
+        args = _cmdline(pid)
+        if args and args[0].endswith(b"tritonserver") and (
+                b"--grpc-port=" + port in args or (port == b"8001" and not any(a.startswith(b"--grpc-port") for a in args))):
+            servers.add(pid)
     pids = []
-    want = str(Path(model_repository).resolve() / model / "1" / "model.py") if model_repository else None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for pid in procs:
+        args = _cmdline(pid)
         if len(args) < 2 or not args[0].endswith(b"triton_python_backend_stub"):
             continue
-        path = args[1].decode(errors="replace")
-        if (want and path == want) or (not want and Path(path).parent.parent.name == model):
-            pids.append(int(entry.name))
+        if Path(args[1].decode(errors="replace")).parent.parent.name == model and _ppid(pid) in servers:
+            pids.append(int(pid))
     return pids
 
 
@@ -159,7 +177,7 @@ def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prom
     samples_path.unlink(missing_ok=True)
     cmd = locust_command(cfg, model, users, workload, prompts_file, samples_path, cell_dir / "locust")
     before = scrape(cfg.metrics_url)
-    pids = model_processes(model, cfg.model_repository)
+    pids = model_processes(model, cfg.grpc_url)
     t0 = time.time()
     with MemorySampler(pids) as memory:
         with open(cell_dir / "locust.log", "w") as log:
@@ -277,7 +295,7 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
                             a.max_tokens, a.prompts_file),
         duration_s=a.duration, warmup_s=a.warmup, requests=a.requests, protocol=a.protocol, grpc_url=a.grpc_url,
         http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline, prompts=a.prompts, seed=a.seed,
-        model_repository=a.model_repository, out=a.out)
+        out=a.out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,100 @@
+"""Smoke load matrix, end to end: real tritonserver, real Locust (headless subprocesses), tiny
+checkpoints. The report's figures must be consistent with what was streamed: every cell's tokens
+equal the server's generation counter and Locust's own accounting, the figures recompute from the
+raw samples, and every ratio is figure / baseline figure from the same run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.loadtest import stats
+from specdec.loadtest.matrix import MatrixConfig, main as loadtest_main, run_cell
+from specdec.loadtest.workload import Workload, write_prompts
+from specdec.triton.repository import write_repository
+from specdec.triton.server import TritonServer, free_port
+from tiny_checkpoints import make_tiny_kit
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tokenizer_dir):
+    root = tmp_path_factory.mktemp("loadtest")
+    kit = make_tiny_kit(root / "kit", tokenizer_dir)
+    repo = root / "model_repository"
+    # the draft is a copy of the target: with a fixed k every greedy draft token is accepted
+    write_repository(repo, kit["target"], draft=kit["draft"], models=["baseline", "spec_draft"], policy="fixed",
+                     k=3, max_batch=4, max_context=512)
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=2, log_file=root / "tritonserver.log")
+    server.start(timeout_s=240)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_smoke_matrix_report_is_consistent(served, tmp_path):
+    out = tmp_path / "report"
+    rc = loadtest_main([
+        "--grpc-url", served.grpc_url, "--http-url", served.http_url, "--metrics-url", served.metrics_url,
+        "--models", "baseline,spec_draft", "--concurrency", "1,2", "--duration", "3", "--warmup", "1",
+        "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().startswith("# Load matrix report")
+    assert len(report["plots"]) == 4 and all((out / p).stat().st_size > 10_000 for p in report["plots"])
+    assert len(report["cells"]) == 4
+
+    by = {(c["model"], c["concurrency"]): c for c in report["cells"]}
+    for c in report["cells"]:
+        f = c["figures"]
+        samples = stats.load_samples(out / c["samples"])
+        assert samples and f["locust_exit_code"] == 0
+        for s in samples:  # what each user counted, response by response
+            assert s["error"] is None and s["model"] == c["model"]
+            assert sum(n for _, n in s["chunks"]) == s["tokens"] <= MAX_TOKENS
+            if s["finish_reason"] == "length":
+                assert s["tokens"] == MAX_TOKENS
+        # the users' token count equals the server's generation counter and Locust's own statistics
+        streamed = sum(s["tokens"] for s in samples)
+        assert f["client_output_tokens_all"] == streamed == f["server_output_tokens"]
+        assert f["tokens_match_server"] is True
+        assert f["cell_requests_all"] == len(samples) == f["server_requests"]
+        locust = json.loads((out / (c["samples"] + ".locust.json")).read_text())[c["model"]]
+        assert locust == {"requests": len(samples), "failures": 0, "content_length": streamed}
+        # the figures recompute from the raw samples and the recorded window
+        w0 = min(s["start"] for s in samples) + report["setup"]["warmup_s"]
+        again = stats.figures(samples, w0, w0 + report["setup"]["duration_s"])
+        for key, value in again.items():
+            assert f[key] == value, key
+        assert f["output_tokens"] == sum(s["tokens"] for s in samples if w0 <= s["start"] < w0 + 3.0)
+        assert f["requests"] > 0 and f["output_tokens_per_s"] > 0
+        # ratios: this figure over the baseline's at the same load, same run
+        base = by[("baseline", c["concurrency"])]["figures"]
+        for key, r in c["ratios"].items():
+            assert r == stats.ratio(f.get(key), base.get(key)), key
+        if c["model"] == "spec_draft":
+            assert f["acceptance_rate"] == 1.0 and f["mean_accepted_length"] > 1.5
+            assert f["acceptance_per_position"] and f["acceptance_per_position"][0] == 1.0
+        else:
+            assert f["draft_tokens"] == 0 and f["mean_accepted_length"] is None
+        assert f["rss_mb"] and f["rss_mb"] > 50
+    [verdict] = report["verdicts"]
+    assert verdict["model"] == "spec_draft" and verdict["verdict"] and verdict["reason"]
+    assert [lv["concurrency"] for lv in verdict["levels"]] == [1, 2]
+    assert "## Verdict" in (out / "report.md").read_text()
+
+
+def test_http_sse_user_counts_the_same_tokens(served, tmp_path):
+    cfg = MatrixConfig(models=["spec_draft"], protocol="http", grpc_url=served.grpc_url, http_url=served.http_url,
+                       metrics_url=served.metrics_url, duration_s=2, warmup_s=0.5)
+    prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n", "class Point:\n"])
+    f = run_cell(cfg, "spec_draft", 2, Workload(max_tokens=12, sampling="t0.7"), prompts, tmp_path / "cell")
+    samples = stats.load_samples(tmp_path / "cell" / "samples.jsonl")
+    assert samples and all(s["protocol"] == "http" and s["error"] is None for s in samples)
+    assert f["client_output_tokens_all"] == f["server_output_tokens"] == sum(s["tokens"] for s in samples)
+    assert f["requests"] > 0 and f["ttft_p50"] is not None and f["itl_p95"] is not None
