@@ -21,6 +21,7 @@ import torch
 
 from .engine import Engine, EngineMetrics
 from .engine_config import EngineConfig, build_engine
+from .policy import CostModel
 from .sampling import SamplingParams
 
 
@@ -69,6 +70,16 @@ def divergence_margin(engine: Engine, prompt: str, ref: list[int], got: list[int
     return float(top2[0] - top2[1])
 
 
+def verify_cost_curve(engine: Engine, max_tokens: int = 64) -> dict[int, float]:
+    """Target forward time over n tokens relative to one token: the price of verifying drafts.
+
+    Speculation pays when this stays near 1 (memory-bound decoding, as on GPUs); where it grows
+    almost linearly (small models whose weights sit in CPU cache) every rejected token costs.
+    """
+    cost = CostModel.measure(engine.probe_forward, max_tokens)
+    return {n: s / cost.seconds[0] for n, s in zip(cost.token_counts, cost.seconds)}
+
+
 def bench(
     base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
     repeats: int, log=print,
@@ -77,6 +88,10 @@ def bench(
     figures: list[MethodFigures] = []
     for batch in batch_sizes:
         engines = {m: build_engine(replace(base, method=m, max_batch=batch)) for m in methods}
+        if batch == batch_sizes[0]:
+            curve = verify_cost_curve(engines["baseline"])
+            log("target forward time vs tokens (relative to 1): "
+                + ", ".join(f"{n}: {r:.2f}" for n, r in curve.items()))
         for eng in engines.values():  # warm-up: first calls allocate and fill caches
             eng.generate(prompts[:batch], SamplingParams(max_tokens=8, ignore_eos=True))
         seconds: dict[str, list[float]] = {m: [] for m in methods}

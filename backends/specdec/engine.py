@@ -96,7 +96,7 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.stopping = False
         if self.policy.adaptive:
-            self.policy.cost = CostModel.measure(self._timed_forward, max_batch * (max_k + 1))
+            self.policy.cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
 
     # ---- requests -------------------------------------------------------------------------
     def submit(
@@ -340,7 +340,7 @@ class Engine:
         self._send(seq, stream, end, token_ids, finished=True, reason=reason, error=error)
 
     # ---- helpers --------------------------------------------------------------------------
-    def _timed_forward(self, n: int) -> None:
+    def probe_forward(self, n: int) -> None:
         """A target forward over n new tokens in slot 0 (start-up cost calibration; slot is free)."""
         with torch.inference_mode():
             tokens = torch.zeros(1, n, dtype=torch.long, device=self.device)
