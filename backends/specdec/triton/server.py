@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = TritonServer(args.model_repository, args.models, args.http_port, args.grpc_port, args.metrics_port,
                               args.exit_timeout_secs, args.log_file, args.verbose)
+        check_checkpoints(server.model_repository, server.models)
         for port in (args.http_port, args.grpc_port, args.metrics_port):
             if not _port_free(port):
                 raise ServerError(f"port {port} is in use (pick others with --http-port/--grpc-port/--metrics-port)")
@@ -271,6 +272,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: tritonserver exited with code {server.proc.returncode}\n{server.log_tail()}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_checkpoints(repo: Path, models: list[str]) -> None:
+    """Fail early, naming the folder, when a model's checkpoints are missing (e.g. no demo kit yet)."""
+    from ..errors import ConfigurationError
+    from .config import engine_config_for
+
+    for model in models:
+        try:
+            cfg = engine_config_for(repo / model)
+        except ConfigurationError as exc:
+            raise ServerError(f"{repo / model / 'config.pbtxt'}: {exc}") from None
+        for key in ("target", "draft", "medusa", "eagle"):
+            folder = getattr(cfg, key)
+            if folder and not Path(folder).is_dir():
+                raise ServerError(
+                    f"model {model}: {key} checkpoint folder {folder} does not exist. Build the demo kit first "
+                    "(make demo), or write a repository for your checkpoints: specdec build-repo --target DIR ...")
 
 
 def _port_free(port: int) -> bool:
