@@ -6,7 +6,8 @@
 
 Both sides run greedy with ignore_eos, so every request produces exactly --max-tokens tokens, and
 the texts must match. Rates are client-side: tokens / (last token - submit), TTFT included. The
-in-process side streams through the engine's background thread and callback, as the backend does.
+in-process side streams through the engine's background thread and callback, as the backend does,
+in a worker process of its own (as the backend's stub is).
 Requests alternate between the two sides one at a time; `ratio` is the median of per-pair ratios.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -74,26 +76,39 @@ def through_triton(url: str, model: str, prompt: str, max_tokens: int, protocol:
     return count / (last - t0), "".join(parts)
 
 
+def _worker(model_dir: str, conn) -> None:
+    """The in-process side in a process of its own (like the backend's stub: no gRPC client in it)."""
+    local = InProcess(Path(model_dir))
+    try:
+        while (job := conn.recv()) is not None:
+            conn.send(local.run(*job))
+    finally:
+        local.close()
+
+
 def compare(repo: Path, model: str, prompts: list[str], max_tokens: int, repeats: int, protocol: str) -> dict:
     """Alternate in-process and Triton requests prompt by prompt (one at a time: concurrency 1), so
     load from anything else on the machine hits both sides alike; the first round warms up."""
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    worker = ctx.Process(target=_worker, args=(str(repo / model), child_conn), daemon=True)
+    worker.start()
     server = TritonServer(repo, [model], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
-    local = None
-    with server:
-        try:
-            local = InProcess(repo / model)
+    try:
+        with server:
             url = server.grpc_url if protocol == "grpc" else server.http_url
             pairs, match = [], True
             for r in range(repeats + 1):
                 for prompt in prompts:
-                    a, text_a = local.run(prompt, max_tokens)
+                    conn.send((prompt, max_tokens))
+                    a, text_a = conn.recv()
                     b, text_b = through_triton(url, model, prompt, max_tokens, protocol)
                     if r:
                         pairs.append((a, b))
                         match &= text_a == text_b
-        finally:
-            if local is not None:
-                local.close()
+    finally:
+        conn.send(None)
+        worker.join(30)
     a = statistics.median(p[0] for p in pairs)
     b = statistics.median(p[1] for p in pairs)
     return {"in_process_tokens_per_s": round(a, 1), "triton_tokens_per_s": round(b, 1),
