@@ -21,6 +21,7 @@ import torch
 
 from .engine import Engine, EngineMetrics
 from .engine_config import EngineConfig, build_engine
+from .kit.evaluate import distinct_n
 from .policy import CostModel
 from .sampling import SamplingParams
 
@@ -37,6 +38,7 @@ class MethodFigures:
     mean_draft_tokens: float
     identical_share: float
     analytic_bound: float
+    distinct_4: float  # mean distinct-4 of this method's outputs: low values mean loops, which inflate acceptance
     divergence_margins: list[float] = field(default_factory=list)
 
 
@@ -124,6 +126,7 @@ def bench(
                 mean_draft_tokens=mt.draft_tokens / mt.drafts if mt.drafts else 0.0,
                 identical_share=sum(identical) / len(identical),
                 analytic_bound=tau * t_target / step_cost if step_cost else 0.0,
+                distinct_4=statistics.mean(distinct_n(o, 4) for o in outputs[m]),
                 divergence_margins=sorted(margins),
             ))
         del engines
@@ -132,7 +135,7 @@ def bench(
 
 def table(figures: list[MethodFigures]) -> str:
     head = ("| batch | method | tok/s | speedup | bound | speedup/bound | mean acc. len | acc. rate | "
-            "draft tok/round | acc. per position | greedy identical |")
+            "draft tok/round | acc. per position | distinct-4 | greedy identical |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for f in figures:
         pos = " ".join(f"{a:.2f}" for a in f.accepted_per_position[:6])
@@ -142,7 +145,8 @@ def table(figures: list[MethodFigures]) -> str:
             ident += f" (margins {', '.join(f'{m:.3f}' for m in f.divergence_margins[:3])})"
         lines.append(
             f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | {f.analytic_bound:.2f}x | {eff} | "
-            f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | {ident} |"
+            f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
+            f"{f.distinct_4:.2f} | {ident} |"
         )
     return "\n".join(lines)
 
