@@ -791,11 +791,18 @@ def main(argv: list[str] | None = None) -> int:
         return run_helper(argv)
     args = parser().parse_args(argv)
     try:
-        steps = plan(options_from_args(args))
+        opts = options_from_args(args)
+        steps = plan(opts)
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        print(f"# TensorRT-LLM {PINNED_TRTLLM} / tensorrtllm_backend {PINNED_BACKEND} / {PINNED_IMAGE}")
+        templates = locate(opts.backend_root, TEMPLATES)
+        if not templates.exists():
+            print(f"# note: no templates under {opts.backend_root}: every planned parameter is listed; a real run "
+                  "passes fill_template.py only those its template has")
+        print()
         print_plan(steps)
         return 0
     run_plan(steps, args.skip_existing)
