@@ -34,12 +34,6 @@ class RequestStats:
         rounds = self.steps - 1
         return (self.output_tokens - 1) / rounds if rounds > 0 else 0.0
 
-    def count_accepted(self, depth_count: int) -> None:
-        while len(self.accepted_per_position) < depth_count:
-            self.accepted_per_position.append(0)
-        for d in range(depth_count):
-            self.accepted_per_position[d] += 1
-
 
 @dataclass
 class Output:
