@@ -401,6 +401,10 @@ def test_plan_errors(kit, backend_root, tmp_path):
     with pytest.raises(be.PlanError, match="vocab_size"):
         be.plan(options(kit, tmp_path, backend_root, draft=bad, methods=("draft",)))
     assert be.main(["--kit", str(kit), "--out", str(tmp_path), "--methods", "lookahead", "--dry-run"]) == 2
+    assert be.medusa_rope_scaling({"rope_scaling": {"type": "linear", "factor": 2}}) == (
+        "--rotary_scaling", "linear", "2.0")
+    with pytest.raises(be.PlanError, match="llama3"):
+        be.medusa_rope_scaling({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
 
 
 # ------------------------------------------------------------------------------------ staging

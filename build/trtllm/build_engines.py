@@ -318,6 +318,18 @@ def lengths(opts: Options, config: dict) -> tuple[int, int]:
     return max_seq, max_input
 
 
+def medusa_rope_scaling(config: dict) -> tuple[str, ...]:
+    """The Medusa converter takes RoPE settings from flags, not from config.json, and knows only linear and
+    dynamic scaling: pass those on, refuse the others (llama3, yarn, ...) rather than build a wrong engine."""
+    scaling = config.get("rope_scaling")
+    if not scaling:
+        return ()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("linear", "dynamic"):
+        return ("--rotary_scaling", kind, repr(float(scaling["factor"])))
+    raise PlanError(f"rope_scaling {kind!r}: TensorRT-LLM's Medusa converter supports only linear and dynamic")
+
+
 def medusa_tree(opts: Options) -> tuple[list[list[int]], dict]:
     cfg = model_config(opts.medusa)
     heads = int(cfg["medusa_num_heads"])
@@ -392,6 +404,7 @@ def engine_steps(opts: Options) -> list[Step]:
             py, str(convert), "--model_dir", str(target), "--medusa_model_dir", str(medusa),
             "--output_dir", str(ckpt), "--dtype", opts.dtype, "--num_medusa_heads", heads,
             "--num_medusa_layers", layers, "--max_medusa_token_len", str(len(tree)), "--rotary_base", repr(theta),
+            *medusa_rope_scaling(tcfg),
         ), cwd=str(convert.parent), creates=str(ckpt / "config.json")))
         engine = opts.engines / "medusa"
         steps.append(Step("build medusa engine", trtllm_build(opts, ckpt, engine, max_seq, max_input, "medusa",
