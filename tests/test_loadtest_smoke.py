@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import requests
 
 from specdec.loadtest import stats
 from specdec.loadtest.matrix import MatrixConfig, main as loadtest_main, run_cell
@@ -98,3 +99,36 @@ def test_http_sse_user_counts_the_same_tokens(served, tmp_path):
     assert samples and all(s["protocol"] == "http" and s["error"] is None for s in samples)
     assert f["client_output_tokens_all"] == f["server_output_tokens"] == sum(s["tokens"] for s in samples)
     assert f["requests"] > 0 and f["ttft_p50"] is not None and f["itl_p95"] is not None
+
+
+def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path):
+    """A Triton canary model sends half the requests to spec_draft and half to the baseline; Locust
+    runs as one master and one worker; every request is accounted for by the served models' counters."""
+    from specdec.loadtest.canary import routes_to_candidate, write_canary_model
+    from specdec.loadtest.matrix import scrape
+
+    assert [routes_to_candidate(n, 0.25) for n in range(8)] == [False, False, False, True] * 2
+    write_canary_model(served.model_repository, "baseline", "spec_draft", share=0.5)
+    r = requests.post(f"http://{served.http_url}/v2/repository/models/canary/load", json={}, timeout=120)
+    assert r.status_code == 200, r.text
+    cfg = MatrixConfig(models=["canary"], grpc_url=served.grpc_url, http_url=served.http_url,
+                       metrics_url=served.metrics_url, duration_s=2, warmup_s=0.5, workers=1, drain_s=5)
+    prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n"])
+    before = scrape(served.metrics_url)
+    f = run_cell(cfg, "canary", 2, Workload(max_tokens=10), prompts, tmp_path / "cell")
+    after = scrape(served.metrics_url)
+    samples = stats.load_samples(tmp_path / "cell" / "samples.jsonl")  # written by the master
+    assert samples and all(s["error"] is None for s in samples)
+    served_by = [s["served_model"] for s in samples]
+    assert set(served_by) == {"baseline", "spec_draft"}
+    assert abs(served_by.count("baseline") - served_by.count("spec_draft")) <= 2  # in-flight requests at the end
+    assert set(f["by_served_model"]) == {"baseline", "spec_draft"}
+    tokens = {}
+    for s in samples:  # greedy: the speculative model streams exactly the baseline's tokens
+        tokens.setdefault(s["prompt_index"], set()).add(s["tokens"])
+    assert all(len(v) == 1 for v in tokens.values())
+    requests_seen = sum(stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model=m)
+                        for m in ("baseline", "spec_draft"))
+    generated = sum(stats.metric_delta(before, after, "specdec:generation_tokens", model=m)
+                    for m in ("baseline", "spec_draft"))
+    assert requests_seen == len(samples) and generated == sum(s["tokens"] for s in samples)

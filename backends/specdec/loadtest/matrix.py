@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,6 +48,8 @@ class MatrixConfig:
     prompts: int = 32
     seed: int = 0
     stop_timeout_s: float = 120.0
+    workers: int = 0  # > 0: Locust distributed mode, one master and this many worker processes per cell
+    drain_s: float = 10.0  # distributed mode: time for requests in flight after the last one was sent
     out: str = "reports/loadtest"
 
     def to_dict(self) -> dict:
@@ -157,8 +160,14 @@ def locust_command(cfg: MatrixConfig, model: str, users: int, workload: Workload
         run_time = max(60.0, cfg.requests * 30.0)  # a cap; the users stop at the request count
     else:
         run_time = cfg.warmup_s + cfg.duration_s
+    extra = []
+    if cfg.workers > 0 and not cfg.requests:
+        # a headless master quits at --run-time without waiting for the workers' requests in flight:
+        # stop sending at the end of the measurement and give those requests time to finish
+        extra = ["--send-for", f"{run_time:.3f}"]
+        run_time += cfg.drain_s
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class, "--headless",
-           "-u", str(users), "-r", str(users), "--run-time", f"{run_time:.0f}s",
+           "-u", str(users), "-r", str(users), "--run-time", f"{math.ceil(run_time)}s", *extra,
            "--stop-timeout", f"{cfg.stop_timeout_s:.0f}", "--host", http, "--grpc-url", cfg.grpc_url,
            "--model", model, "--prompts-file", str(prompts_file), "--max-tokens", str(workload.tokens),
            "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", str(cfg.seed),
@@ -170,6 +179,12 @@ def locust_command(cfg: MatrixConfig, model: str, users: int, workload: Workload
     return cmd
 
 
+def worker_command(cfg: MatrixConfig, port: int) -> list[str]:
+    user_class = "GrpcStreamUser" if cfg.protocol == "grpc" else "HttpSseUser"
+    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class, "--worker", "--master-host",
+            "127.0.0.1", "--master-port", str(port), "--loglevel", "WARNING"]
+
+
 def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prompts_file: Path,
              cell_dir: Path) -> dict:
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -179,9 +194,27 @@ def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prom
     before = scrape(cfg.metrics_url)
     pids = model_processes(model, cfg.grpc_url)
     t0 = time.time()
+    workers = []
+    if cfg.workers > 0:  # distributed: the workers run the users and send their samples to the master
+        from ..triton.server import free_port
+
+        port = free_port()
+        cmd += ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+                "--expect-workers", str(cfg.workers)]
+        for i in range(cfg.workers):
+            log = open(cell_dir / f"locust-worker{i}.log", "w")
+            workers.append(subprocess.Popen(worker_command(cfg, port), stdout=log, stderr=subprocess.STDOUT,
+                                            env=_locust_env()))
+            log.close()
     with MemorySampler(pids) as memory:
         with open(cell_dir / "locust.log", "w") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_locust_env())
+    for w in workers:  # they quit when the master does
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
     after = scrape(cfg.metrics_url)
     samples = stats.load_samples(samples_path)
@@ -205,6 +238,10 @@ def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prom
         "locust_exit_code": proc.returncode,
         "wall_s": round(time.time() - t0, 2),
     })
+    served = {s.get("served_model") for s in samples if s.get("served_model")}
+    if served - {model}:  # a canary router: the same live traffic, split by the model that served it
+        fig["by_served_model"] = {m: stats.figures([s for s in samples if s.get("served_model") == m], w0, w1)
+                                  for m in sorted(served)}
     if not samples:
         fig["error"] = f"no samples (locust exit code {proc.returncode}; see {cell_dir / 'locust.log'})"
     return fig
@@ -282,6 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--warmup", type=float, default=5.0, help="seconds per cell before measuring")
     m.add_argument("--requests", type=int, help="measure this many requests per cell instead of --duration")
     m.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    m.add_argument("--workers", type=int, default=0, help="Locust distributed mode: worker processes per cell")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--guardrails", default=str(DEFAULT_GUARDRAILS), help="YAML or TOML rollback thresholds")
     m.add_argument("--out", default=None, help="report folder (default reports/loadtest-<time>)")
@@ -295,13 +333,18 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
                             a.max_tokens, a.prompts_file),
         duration_s=a.duration, warmup_s=a.warmup, requests=a.requests, protocol=a.protocol, grpc_url=a.grpc_url,
         http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline, prompts=a.prompts, seed=a.seed,
-        out=a.out)
+        workers=a.workers, out=a.out)
 
 
 def main(argv: list[str] | None = None) -> int:
     from .guardrails import load_guardrails
     from .report import write_report
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "canary":
+        from .canary import main as canary_main
+
+        return canary_main(argv[1:])
     a = parse_args(argv)
     a.out = a.out or str(REPO_ROOT / "reports" / time.strftime("loadtest-%Y%m%d-%H%M%S"))
     try:

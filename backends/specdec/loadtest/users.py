@@ -57,6 +57,7 @@ class Sample:
     finish_reason: str = ""
     error: str | None = None
     worker: str = ""
+    served_model: str = ""  # set when a canary router names the model that served the request
 
     def add(self, at: float, text: str, ids: int) -> None:
         self.chunks.append([round(at, 6), ids])
@@ -84,6 +85,9 @@ def _options(parser) -> None:
     g.add_argument("--samples-out", default="", help="write one JSON line per request here")
     g.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0 = run time only)")
     g.add_argument("--request-timeout", type=float, default=300.0)
+    g.add_argument("--send-for", type=float, default=0.0,
+                   help="send new requests only this many seconds after the first (0 = until stopped); "
+                        "with a longer --run-time, requests in flight end before a distributed run stops")
 
 
 class _State:
@@ -98,11 +102,17 @@ class _State:
         self.done = 0
         self.rng = random.Random(o.seed)
         self.pending: list[dict] = []
+        self.first: float | None = None
         self.file = open(o.samples_out, "a", buffering=1) if o.samples_out and not _is_worker(environment) else None
 
     def next_request(self) -> tuple[int, str]:
-        i = next(self.counter)
         o = self.options
+        now = time.monotonic()
+        self.first = self.first if self.first is not None else now
+        while o.send_for and now - self.first > o.send_for:
+            gevent.sleep(0.2)  # done sending; the run ends at --run-time
+            now = time.monotonic()
+        i = next(self.counter)
         if o.max_requests and i >= o.max_requests:
             raise StopUser()
         model = o.model
@@ -126,6 +136,7 @@ class _State:
             self.file.write(json.dumps(line) + "\n")
         elif _is_worker(self.environment):
             self.pending.append(line)
+            self.flush_to_master()  # at once: a headless master quits without waiting for workers
         self.done += 1
         if o.max_requests and self.done >= o.max_requests and self.environment.runner is not None:
             gevent.spawn_later(0.1, self.environment.runner.quit)
@@ -174,11 +185,12 @@ def _on_init(environment, **kwargs) -> None:
     from locust.runners import MasterRunner, WorkerRunner
 
     runner = environment.runner
-    if not isinstance(runner, MasterRunner) and environment.parsed_options is not None:
-        # load prompts and the heavy imports now: the run time starts counting when users spawn
+    if not isinstance(runner, MasterRunner):
+        # the heavy imports now: the run time starts counting when users spawn
         from .. import client  # noqa: F401
 
-        state(environment)
+        if not isinstance(runner, WorkerRunner) and environment.parsed_options is not None:
+            state(environment)  # prompts too (a worker gets its options from the master when users spawn)
     if isinstance(runner, MasterRunner):
         o = environment.parsed_options
         sink = {"file": None}
@@ -323,6 +335,9 @@ class GrpcStreamUser(_StreamingUser):
                 sample.draft_tokens = int(result.as_numpy("total_draft_tokens")[0])
                 sample.accepted_tokens = int(result.as_numpy("total_accepted_draft_tokens")[0])
                 sample.acceptance_rate = float(result.as_numpy("acceptance_rate")[0])
+                served = result.as_numpy("served_model")
+                if served is not None and served.size:
+                    sample.served_model = served[0].decode()
                 reason = result.as_numpy("finish_reason")
                 if reason is not None and reason.size and reason[0]:
                     sample.finish_reason = reason[0].decode()
@@ -365,6 +380,7 @@ class HttpSseUser(_StreamingUser):
                         sample.accepted_tokens = int(payload.get("total_accepted_draft_tokens", 0))
                         sample.acceptance_rate = float(payload.get("acceptance_rate", 0.0))
                         sample.finish_reason = payload.get("finish_reason") or sample.finish_reason
+                        sample.served_model = payload.get("served_model") or sample.served_model
             if r.status_code != 200 and sample.error is None:
                 sample.error = f"HTTP {r.status_code}: {r.text[:200]}"
             elif not sample.chunks and sample.error is None:
