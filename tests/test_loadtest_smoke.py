@@ -102,8 +102,9 @@ def test_http_sse_user_counts_the_same_tokens(served, tmp_path):
 
 
 def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path):
-    """A Triton canary model sends half the requests to spec_draft and half to the baseline; Locust
-    runs as one master and one worker; every request is accounted for by the served models' counters."""
+    """A Triton canary model sends half the requests to spec_draft and half to the baseline; the
+    matrix runs Locust as one master and one worker; every request is accounted for by the served
+    models' counters and the report compares the two halves of the same traffic."""
     from specdec.loadtest.canary import routes_to_candidate, write_canary_model
     from specdec.loadtest.matrix import scrape
 
@@ -111,18 +112,21 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     write_canary_model(served.model_repository, "baseline", "spec_draft", share=0.5)
     r = requests.post(f"http://{served.http_url}/v2/repository/models/canary/load", json={}, timeout=120)
     assert r.status_code == 200, r.text
-    cfg = MatrixConfig(models=["canary"], grpc_url=served.grpc_url, http_url=served.http_url,
-                       metrics_url=served.metrics_url, duration_s=2, warmup_s=0.5, workers=1, drain_s=5)
-    prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n"])
+    out = tmp_path / "report"
     before = scrape(served.metrics_url)
-    f = run_cell(cfg, "canary", 2, Workload(max_tokens=10), prompts, tmp_path / "cell")
+    rc = loadtest_main([
+        "--grpc-url", served.grpc_url, "--http-url", served.http_url, "--metrics-url", served.metrics_url,
+        "--models", "canary", "--concurrency", "2", "--duration", "2", "--warmup", "0.5", "--max-tokens", "10",
+        "--prompts", "4", "--workers", "1", "--out", str(out)])
     after = scrape(served.metrics_url)
-    samples = stats.load_samples(tmp_path / "cell" / "samples.jsonl")  # written by the master
-    assert samples and all(s["error"] is None for s in samples)
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    [cell] = report["cells"]
+    samples = stats.load_samples(out / cell["samples"])  # written by the master, sent by the worker
+    assert samples and all(s["error"] is None and s["tokens"] <= 10 for s in samples)
     served_by = [s["served_model"] for s in samples]
     assert set(served_by) == {"baseline", "spec_draft"}
-    assert abs(served_by.count("baseline") - served_by.count("spec_draft")) <= 2  # in-flight requests at the end
-    assert set(f["by_served_model"]) == {"baseline", "spec_draft"}
+    assert abs(served_by.count("baseline") - served_by.count("spec_draft")) <= 2  # in flight at the end
     tokens = {}
     for s in samples:  # greedy: the speculative model streams exactly the baseline's tokens
         tokens.setdefault(s["prompt_index"], set()).add(s["tokens"])
@@ -132,3 +136,9 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     generated = sum(stats.metric_delta(before, after, "specdec:generation_tokens", model=m)
                     for m in ("baseline", "spec_draft"))
     assert requests_seen == len(samples) and generated == sum(s["tokens"] for s in samples)
+    split = {c["model"]: c for c in report["canary_cells"]}
+    assert set(split) == {"baseline", "spec_draft"} and split["baseline"]["ratios"]["tpot_p50"] == 1.0
+    assert split["spec_draft"]["figures"]["acceptance_rate"] == 1.0
+    [verdict] = report["canary_verdicts"]
+    assert verdict["model"] == "spec_draft" and verdict["verdict"]
+    assert "## Canary" in (out / "report.md").read_text()

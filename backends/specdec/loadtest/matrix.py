@@ -260,9 +260,8 @@ def run_matrix(cfg: MatrixConfig, progress=None) -> dict:
     """Run every cell; returns the report dict (figures, ratios, setup). `progress(done, total, text)`."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.baseline not in cfg.models:
-        raise ValueError(f"the baseline model {cfg.baseline!r} must be among the models ({', '.join(cfg.models)})")
-    models = [cfg.baseline] + [m for m in cfg.models if m != cfg.baseline]
+    # the baseline first at every load level; a canary router alone needs none (it serves both)
+    models = ([cfg.baseline] if cfg.baseline in cfg.models else []) + [m for m in cfg.models if m != cfg.baseline]
     total = len(cfg.workloads) * len(cfg.concurrency) * len(models)
     cells, done = [], 0
     for wi, workload in enumerate(cfg.workloads):
@@ -281,9 +280,26 @@ def run_matrix(cfg: MatrixConfig, progress=None) -> dict:
     if progress:
         progress(done, total, "done")
     add_ratios(cells, cfg.baseline)
-    return {"setup": {**cfg.to_dict(), "models": models,
-                      "prompt_files": [str(Path("prompts") / f"workload{i}.jsonl") for i in range(len(cfg.workloads))]},
-            "cells": cells}
+    report = {"setup": {**cfg.to_dict(), "models": models,
+                        "prompt_files": [str(Path("prompts") / f"workload{i}.jsonl") for i in range(len(cfg.workloads))]},
+              "cells": cells}
+    canary = canary_cells(cells)
+    if canary:
+        add_ratios(canary, cfg.baseline)
+        report["canary_cells"] = canary
+    return report
+
+
+def canary_cells(cells: list[dict]) -> list[dict]:
+    """The cells of a canary router split by the model that served each request. Only per-request
+    figures compare across the split (rates depend on the share), so the rates are left out."""
+    out = []
+    for c in cells:
+        for model, f in (c["figures"].get("by_served_model") or {}).items():
+            f = {**f, "output_tokens_per_s": None, "completed_rps": None}
+            out.append({"workload": c["workload"], "workload_index": c["workload_index"],
+                        "concurrency": c["concurrency"], "model": model, "router": c["model"], "figures": f})
+    return out
 
 
 def add_ratios(cells: list[dict], baseline: str) -> None:

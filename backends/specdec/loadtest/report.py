@@ -33,7 +33,9 @@ def fmt(value, scale=1, pattern="{:.3g}") -> str:
 def build(report: dict, g: Guardrails) -> dict:
     report = dict(report)
     report["guardrails"] = g.to_dict()
-    report["verdicts"] = verdicts(report["cells"], g)
+    report["verdicts"] = verdicts([c for c in report["cells"] if not c["figures"].get("by_served_model")], g)
+    if report.get("canary_cells"):
+        report["canary_verdicts"] = verdicts(report["canary_cells"], g)
     report["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report["environment"] = {"host": platform.node(), "python": platform.python_version(),
                              "machine": platform.machine(), "cpus": _cpus()}
@@ -66,15 +68,20 @@ def _json_default(x):
 
 # ---- text -------------------------------------------------------------------------------------------
 def verdict_table(report: dict) -> str:
-    rows = [("workload", "method", *[f"c={lv['concurrency']}" for lv in (report["verdicts"] or [{}])[0].get("levels", [])],
-             "verdict")]
+    first = (report["verdicts"] or report.get("canary_verdicts") or [{}])[0]
+    rows = [("workload", "method", *[f"c={lv['concurrency']}" for lv in first.get("levels", [])], "verdict")]
     for v in report["verdicts"]:
         rows.append((v["workload"], v["model"], *["pass" if lv["pass"] else "FAIL" for lv in v["levels"]],
                      v["verdict"]))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    reasons = [f"  {v['model']} ({v['workload']}): {v['reason']}" for v in report["verdicts"]]
+    for v in report.get("canary_verdicts", []):
+        rows.append((v["workload"], f"{v['model']} (canary)", *["pass" if lv["pass"] else "FAIL" for lv in v["levels"]],
+                     v["verdict"]))
+    rows = [r for r in rows if len(r) == len(rows[0])]
+    reasons = [f"  {v['model']} ({v['workload']}): {v['reason']}"
+               for v in report["verdicts"] + report.get("canary_verdicts", [])]
     return "\n".join(lines + ["reasons:"] + reasons)
 
 
@@ -130,6 +137,21 @@ def markdown(report: dict) -> str:
                          f"{f.get('client_output_tokens_all')} | {fmt(f.get('server_output_tokens'), 1, '{:.0f}')} | "
                          f"{f.get('tokens_match_server')} |")
         lines.append("")
+    if report.get("canary_cells"):
+        lines += ["## Canary: live traffic split by the router", "",
+                  "The same requests, split by the model that served them (rates depend on the share and are "
+                  "left out; ratios are to the baseline's share of the same traffic).", "",
+                  "| router | conc | served by | requests | TTFT p50 ms | ITL p95 ms | TPOT p50 ms | E2E p50 ms | "
+                  "errors | accept rate | TPOT x base | ITL p95 x base |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for c in report["canary_cells"]:
+            f, r = c["figures"], c["ratios"]
+            lines.append(f"| {c['router']} | {c['concurrency']} | {c['model']} | {f['requests']} | "
+                         f"{fmt(f.get('ttft_p50'), 1000, '{:.0f}')} | {fmt(f.get('itl_p95'), 1000, '{:.1f}')} | "
+                         f"{fmt(f.get('tpot_p50'), 1000, '{:.1f}')} | {fmt(f.get('e2e_p50'), 1000, '{:.0f}')} | "
+                         f"{fmt(f.get('error_rate'), 100, '{:.1f}%')} | {fmt(f.get('acceptance_rate'), 1, '{:.2f}')} | "
+                         f"{fmt(r.get('tpot_p50'), 1, '{:.2f}x')} | {fmt(r.get('itl_p95'), 1, '{:.2f}x')} |")
+        lines += [""] + [f"- canary verdict for `{v['model']}` ({v['workload']}): **{v['verdict']}** - {v['reason']}"
+                         for v in report.get("canary_verdicts", [])] + [""]
     if report.get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
     lines += ["## Verdict", "", "Guardrails: " + _guardrails_text(report["guardrails"]), "",
@@ -168,6 +190,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         cells = [c for c in report["cells"] if c["workload"] == wname]
         models = list(dict.fromkeys(c["model"] for c in cells))
         levels = sorted({c["concurrency"] for c in cells})
+        xs = list(range(len(levels)))  # evenly spaced load levels (1, 4, 16 read like a log axis)
         tag = f"w{wi}"
 
         def series(model, key, scale=1.0):
@@ -178,9 +201,9 @@ def write_plots(report: dict, out: Path) -> list[Path]:
             for m in models:
                 ys = series(m, key, scale)
                 style = dict(color="black", linestyle="--", linewidth=2) if m == report["setup"]["baseline"] else {}
-                ax.plot(levels, [float("nan") if y is None else y for y in ys], marker="o", label=m, **style)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(levels, [str(lv) for lv in levels])
+                ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=m, **style)
+            ax.set_xticks(xs, [str(lv) for lv in levels])
+            ax.set_xlim(-0.3, len(xs) - 0.7)
             ax.set_xlabel("concurrent users")
             ax.set_ylabel(ylabel)
             ax.set_title(title)
@@ -201,11 +224,11 @@ def write_plots(report: dict, out: Path) -> list[Path]:
             if m == base:
                 continue
             rs = {c["concurrency"]: c["ratios"].get("output_tokens_per_s") for c in cells if c["model"] == m}
-            axes[1].plot(levels, [float("nan") if rs.get(lv) is None else rs[lv] for lv in levels], marker="o", label=m)
+            axes[1].plot(xs, [float("nan") if rs.get(lv) is None else rs[lv] for lv in levels], marker="o", label=m)
         axes[1].axhline(1.0, color="black", linestyle="--", linewidth=1.5, label="baseline")
         axes[1].axhline(0.95, color="red", linestyle=":", linewidth=1, label="0.95x")
-        axes[1].set_xscale("log", base=2)
-        axes[1].set_xticks(levels, [str(lv) for lv in levels])
+        axes[1].set_xticks(xs, [str(lv) for lv in levels])
+        axes[1].set_xlim(-0.3, len(xs) - 0.7)
         axes[1].set_xlabel("concurrent users")
         axes[1].set_ylabel("x baseline")
         axes[1].set_title("Output tokens/s vs baseline")
