@@ -48,6 +48,8 @@ def served(tmp_path_factory, tokenizer_dir):
     kit = make_tiny_kit(root / "kit", tokenizer_dir)
     repo = root / "model_repository"
     write_repository(repo, **kit, dtype="float64", policy="fixed", k=4, max_batch=4, max_context=512)
+    write_repository(repo, kit["target"], models=["spec_ngram"], dtype="float64", policy="fixed", k=4, max_batch=4,
+                     max_context=512, stream_interval=3)  # streamed responses carry >= 3 tokens
     write_repository(repo, kit["target"], eagle=kit["eagle"], models=["spec_eagle"], prefix="slots1_",
                      dtype="float64", policy="fixed", max_batch=1, max_context=512, queue_timeout_s=1.0)
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
@@ -165,6 +167,30 @@ def test_every_model_streams_the_engines_greedy_text(served, engines, model):
         body = r.json()
         assert body["text_output"] == prompt + ref.text  # exclude_input_in_output defaults to false
         assert body["output_ids"] == ref.token_ids and body["finish_reason"] == ref.finish_reason
+
+
+def test_stop_words_seed_and_min_tokens_reach_the_engine(served, engines):
+    engine = engines("spec_ngram")
+    prompt = PROMPTS[2]
+    full = engine.generate([prompt], SamplingParams(max_tokens=24))[0].text
+    stop = full[6:9] if full[6:9].strip() else full[3:6]
+    cases = [dict(stop=[stop]), dict(temperature=0.9, top_k=30, seed=5), dict(min_tokens=10, max_tokens=12)]
+    for case in cases:
+        params = SamplingParams(**{"max_tokens": 24, **case})
+        ref = engine.generate([prompt], params)[0]
+        options = {"max_tokens": params.max_tokens, "temperature": params.temperature, "top_k": params.top_k,
+                   "seed": params.seed, "stop_words": params.stop or None, "min_tokens": params.min_tokens}
+        chunks, error = grpc_request(served.grpc_url, "spec_ngram", request_inputs(
+            prompt, stream=True, exclude_input_in_output=True, **options))
+        assert error is None and joined(chunks) == (ref.text, ref.token_ids), case
+        assert chunks[-1]["reason"] == ref.finish_reason
+        assert all(len(c["ids"]) >= 3 for c in chunks[1:-1])  # stream_interval 3 (the first token goes at once)
+        body = {"text_input": prompt, "exclude_input_in_output": True,
+                **{k: v for k, v in options.items() if v is not None}}
+        r = requests.post(f"http://{served.http_url}/v2/models/spec_ngram/generate", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["text_output"] == ref.text, case
+        if "stop" in case:
+            assert ref.finish_reason == "stop" and stop not in ref.text
 
 
 BAD_GRPC = [

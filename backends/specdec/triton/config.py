@@ -11,6 +11,25 @@ from ..engine_config import EngineConfig
 from ..errors import ConfigurationError
 
 PATH_KEYS = ("target", "draft", "medusa", "eagle")
+BACKEND_KEYS = {"stream_interval": 1}  # backend (not engine) settings and their defaults
+
+
+def backend_options(parameters: dict[str, str]) -> dict[str, int]:
+    """The backend's own settings. stream_interval: a streamed response goes out once at least this
+    many new tokens are pending (the first token and the last response always go at once); 1 =
+    every engine step. Larger values trade streaming smoothness for less per-response work."""
+    options = dict(BACKEND_KEYS)
+    raw = parameters.get("stream_interval", "").strip()
+    if raw and raw.lower() != "none":
+        try:
+            options["stream_interval"] = int(raw)
+        except ValueError:
+            raise ConfigurationError(f"model parameter stream_interval={raw!r} is not an integer") from None
+        if options["stream_interval"] < 1:
+            raise ConfigurationError(f"model parameter stream_interval must be >= 1, got {raw}")
+    return options
+
+
 def engine_config(parameters: dict[str, str], model_dir: str | Path) -> EngineConfig:
     """config.pbtxt string parameters -> EngineConfig. Relative checkpoint paths are resolved
     against the config's folder, then against the folder holding the model repository."""
@@ -24,8 +43,11 @@ def engine_config(parameters: dict[str, str], model_dir: str | Path) -> EngineCo
                 raise ConfigurationError(f"parameter policy must be 'adaptive' or 'fixed', got {raw!r}")
             values["adaptive"] = raw == "adaptive"
             continue
+        if key in BACKEND_KEYS:
+            continue
         if key not in types:
-            raise ConfigurationError(f"unknown model parameter {key!r}; known: policy, {', '.join(types)}")
+            raise ConfigurationError(
+                f"unknown model parameter {key!r}; known: policy, {', '.join([*types, *BACKEND_KEYS])}")
         if raw == "" or raw.lower() == "none":
             continue
         kind = str(types[key])

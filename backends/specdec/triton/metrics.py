@@ -30,10 +30,10 @@ FAMILIES = {
     "specdec:num_requests_waiting": ("gauge", "Requests queued for a KV slot"),
     "specdec:kv_slots": ("gauge", "KV cache slots of this instance (the batch limit)"),
     "specdec:time_to_first_token_seconds": ("histogram", "Arrival to first output token"),
-    "specdec:inter_token_latency_seconds": ("histogram", "Gap between streamed tokens (per chunk, divided by its tokens)"),
+    "specdec:inter_token_latency_seconds": ("histogram", "Mean gap between a request's tokens after the first (one per request)"),
     "specdec:request_queue_time_seconds": ("histogram", "Arrival to admission into a KV slot"),
     "specdec:e2e_request_latency_seconds": ("histogram", "Arrival to the last token"),
-    "specdec:batch_size": ("histogram", "Running requests, sampled at each streamed chunk"),
+    "specdec:batch_size": ("histogram", "Running requests, sampled every flush interval while any run"),
 }
 
 ENGINE_COUNTERS = {
@@ -110,7 +110,10 @@ class Metrics:
         self.seen_per_pos = per_pos
         if m.draft_tokens:
             self.metric("specdec:spec_decode_draft_acceptance_rate").set(m.accepted_tokens / m.draft_tokens)
-        self.metric("specdec:num_requests_running").set(len(self.engine.running))
+        running = len(self.engine.running)
+        self.metric("specdec:num_requests_running").set(running)
+        if running:
+            self.metric("specdec:batch_size").observe(running)
         self.metric("specdec:num_requests_waiting").set(len(self.engine.queue))
         while self.pending:
             name, value = self.pending.popleft()
@@ -126,29 +129,30 @@ class Metrics:
 
 
 class RequestTimer:
-    """Per-request latency observations, fed from the Outputs of one request (engine thread)."""
+    """Per-request latency observations, fed from the Outputs of one request (engine thread).
+    A few observations per request, not per step: each observe is an IPC to the server."""
 
-    __slots__ = ("metrics", "last")
+    __slots__ = ("metrics", "started")
 
     def __init__(self, metrics: Metrics | None) -> None:
-        self.metrics, self.last = metrics, None
+        self.metrics, self.started = metrics, False
 
-    def on_output(self, out, batch_size: int) -> None:
+    def on_output(self, out) -> None:
         m = self.metrics
         if m is None:
             return
-        now, stats, n = time.perf_counter(), out.stats, len(out.token_ids)
-        if n:
-            if self.last is None:
-                if stats.first_token is not None:
-                    m.observe("specdec:time_to_first_token_seconds", stats.first_token - stats.arrival)
-                if stats.admitted is not None:
-                    m.observe("specdec:request_queue_time_seconds", stats.admitted - stats.arrival)
-            else:
-                m.observe("specdec:inter_token_latency_seconds", (now - self.last) / n)
-            m.observe("specdec:batch_size", batch_size)
-            self.last = now
+        stats = out.stats
+        if not self.started and out.token_ids:
+            self.started = True
+            if stats.first_token is not None:
+                m.observe("specdec:time_to_first_token_seconds", stats.first_token - stats.arrival)
+            if stats.admitted is not None:
+                m.observe("specdec:request_queue_time_seconds", stats.admitted - stats.arrival)
         if out.finished:
             m.finished(out.finish_reason or "unknown")
+            now = time.perf_counter()
             if stats.first_token is not None:
                 m.observe("specdec:e2e_request_latency_seconds", now - stats.arrival)
+                if stats.output_tokens > 1:
+                    m.observe("specdec:inter_token_latency_seconds",
+                              (now - stats.first_token) / (stats.output_tokens - 1))

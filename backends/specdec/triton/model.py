@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine_config import build_engine
 from ..errors import ConfigurationError, SpecdecError
-from .config import engine_config
+from .config import backend_options, engine_config
 from .metrics import Metrics, RequestTimer
 from .request import ParsedRequest, parse
 
@@ -41,14 +41,25 @@ class Stream:
         self.ids: list[int] = []
         self.timer = RequestTimer(model.metrics)
         self.done = False
+        self.interval = model.stream_interval if parsed.stream else 1 << 30
+        self.pending: list = []
+        self.pending_tokens = 0
+        self.sent_first = not parsed.stream
 
     def on_output(self, out) -> None:
-        """Engine thread: cheap and never raises."""
+        """Engine thread: cheap and never raises. Holds streamed steps back until stream_interval
+        tokens are pending (the first token and the end go at once)."""
         try:
-            self.timer.on_output(out, len(self.model.engine.running))
+            self.timer.on_output(out)
         except Exception:
             pass
-        self.model.outbox.put((self, out))
+        self.pending.append(out)
+        self.pending_tokens += len(out.token_ids)
+        if out.finished or self.pending_tokens >= self.interval or not self.sent_first:
+            self.sent_first = self.sent_first or self.pending_tokens > 0
+            for o in self.pending:
+                self.model.outbox.put((self, o))
+            self.pending, self.pending_tokens = [], 0
 
     def deliver(self, outs: list) -> None:
         """Sender thread: one response for the Outputs of this request that arrived together."""
@@ -111,6 +122,7 @@ class TritonPythonModel:
                                      "{ decoupled: true }")
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.config = engine_config(parameters, args["model_repository"])
+        self.stream_interval = backend_options(parameters)["stream_interval"]
         self.engine = build_engine(self.config)
         self.metrics = Metrics(pb_utils, self.name, self.engine)
         self.ids = itertools.count()

@@ -24,7 +24,7 @@ MODELS = {
     "spec_ngram": ("ngram", ()),
 }
 ENGINE_DEFAULTS = {"k": 4, "policy": "adaptive", "max_batch": 8, "max_context": 1024, "queue_timeout_s": 60.0,
-                   "dtype": "float32", "device": "cpu", "threads": 1}
+                   "dtype": "float32", "device": "cpu", "threads": 1, "stream_interval": 1}
 
 
 def config_pbtxt(name: str, parameters: dict[str, object], instances: int = 1) -> str:
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-timeout-s", type=float, default=ENGINE_DEFAULTS["queue_timeout_s"])
     ap.add_argument("--dtype", default=ENGINE_DEFAULTS["dtype"])
     ap.add_argument("--threads", type=int, default=ENGINE_DEFAULTS["threads"], help="torch threads per instance")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="tokens per streamed response at least (1 = every engine step)")
     ap.add_argument("--medusa-tree", help="JSON list of top-k index paths (default mc_sim_7b_63)")
     ap.add_argument("--eagle-tree", help="EAGLE-2 top_k,depth,total_tokens (default 4,5,24)")
     ap.add_argument("--absolute", action="store_true", help="write absolute checkpoint paths")
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out, args.target, args.draft, args.medusa, args.eagle, args.models, args.prefix, args.absolute,
             k=args.k, policy=args.policy, max_batch=args.max_batch, max_context=args.max_context,
             queue_timeout_s=args.queue_timeout_s, dtype=args.dtype, threads=args.threads,
+            stream_interval=args.stream_interval,
             medusa_tree=args.medusa_tree, eagle_tree=args.eagle_tree)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

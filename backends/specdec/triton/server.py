@@ -68,14 +68,16 @@ def assemble_backends(folder: str | Path | None = None) -> Path:
     _copy(stub, ours / stub.name)
     entry = ours / "model.py"
     if not entry.exists() or entry.read_text() != ENTRY_POINT:
-        entry.write_text(ENTRY_POINT)
+        tmp = entry.with_name(f".model.py.{os.getpid()}")
+        tmp.write_text(ENTRY_POINT)
+        os.replace(tmp, entry)
     return folder
 
 
 def _copy(src: Path, dst: Path) -> None:
     if dst.exists() and dst.stat().st_size == src.stat().st_size:
         return
-    tmp = dst.with_suffix(".tmp")
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}")  # atomic, also with several servers starting at once
     shutil.copy2(src, tmp)
     os.replace(tmp, dst)
 
