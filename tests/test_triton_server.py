@@ -302,6 +302,21 @@ def test_cancelled_stream_frees_its_slot(served):
                                    finished_reason="cancelled") == before + 1)
 
 
+def test_dropped_sse_connection_frees_its_slot(served):
+    before = metric(scrape(served), "specdec:request_success", model=SLOT1, finished_reason="cancelled")
+    r = requests.post(f"http://{served.http_url}/v2/models/{SLOT1}/generate_stream", stream=True, timeout=60,
+                      json={"text_input": "def", "max_tokens": LONG, "ignore_eos": True, "stream": True})
+    assert next(line for line in r.iter_lines() if line).startswith(b"data:")
+    r.close()  # the client goes away
+    t0 = time.perf_counter()
+    r = requests.post(f"http://{served.http_url}/v2/models/{SLOT1}/generate", timeout=30,
+                      json={"text_input": "def", "max_tokens": 4})
+    assert r.status_code == 200, r.text  # else: queue timeout after 1 s, the slot still taken
+    assert time.perf_counter() - t0 < 1.0
+    assert wait_for(lambda: metric(scrape(served), "specdec:request_success", model=SLOT1,
+                                   finished_reason="cancelled") == before + 1)
+
+
 def test_full_model_queues_then_times_out_with_a_clear_error(served):
     results = {}
 
