@@ -79,6 +79,11 @@ class Stream:
             pb_utils.Logger.log_error(f"specdec: sending a response failed:\n{traceback.format_exc()}")
             if last.finished:
                 self.model.forget(self)
+                try:  # the final flag must go out, or the client waits forever
+                    self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        "internal error while sending the response")), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                except Exception:
+                    pass
             elif self.seq is not None:
                 self.model.engine.cancel(self.seq)
 
@@ -140,6 +145,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            n = None
             try:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 parsed = parse(inputs, request.parameters())
@@ -152,11 +158,11 @@ class TritonPythonModel:
                 stream.seq = self.engine.submit(parsed.prompt, parsed.params, stream.on_output, request_id=rid)
             except SpecdecError as exc:  # InvalidRequest: the message names the input
                 self._fail(sender, str(exc))
-                self.forget_key(locals().get("n"))
+                self.forget_key(n)
             except Exception as exc:
                 pb_utils.Logger.log_error(f"specdec: execute failed:\n{traceback.format_exc()}")
                 self._fail(sender, f"internal error: {exc!r}")
-                self.forget_key(locals().get("n"))
+                self.forget_key(n)
         return None
 
     @staticmethod
@@ -198,7 +204,10 @@ class TritonPythonModel:
                 if item is not None:
                     groups.setdefault(item[0], []).append(item[1])
             for stream, outs in groups.items():
-                stream.deliver(outs)
+                try:
+                    stream.deliver(outs)  # catches its own errors; this is the last line of defence
+                except Exception:
+                    pb_utils.Logger.log_error(f"specdec: sender: {traceback.format_exc()}")
             if None in batch:
                 return
 
