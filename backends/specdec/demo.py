@@ -155,7 +155,15 @@ def main(argv: list[str] | None = None) -> int:
 
         p.begin("kit", "the demo model kit (target, draft, Medusa heads, EAGLE head)")
         kit = find_kit(a.kit, p)
-        p.end(text=str(kit))
+        detail = str(kit)
+        if (kit / "checksums.json").exists():
+            from .kit.export import verify_checksums
+
+            bad = verify_checksums(kit)
+            if bad:
+                raise RuntimeError(f"{kit}: files differ from checksums.json: {', '.join(bad[:5])}")
+            detail += " (checksums verified)"
+        p.end(text=detail)
 
         p.begin("repository", "one Triton model per method")
         from .triton.repository import write_repository

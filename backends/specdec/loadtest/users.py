@@ -70,7 +70,7 @@ class Sample:
 # ---- command-line options (Locust shows them in the web UI as well) ---------------------------------
 @events.init_command_line_parser.add_listener
 def _options(parser) -> None:
-    g = parser.add_argument_group("specdec")
+    g = parser  # top-level options: Locust lists those (not argument groups) in the web UI
     g.add_argument("--model", default="spec_eagle", help="served model to load-test")
     g.add_argument("--canary-model", default="", help="send --canary-share of the requests to this model instead")
     g.add_argument("--canary-share", type=float, default=0.0, help="share of requests for --canary-model (0..1)")
@@ -98,12 +98,20 @@ class _State:
         self.environment = environment
         self.options = o
         self.prompts = _load_prompts(o)
+        self.prompts_key = (o.prompts_file, o.prompt_band, o.seed)
         self.counter = itertools.count()
         self.done = 0
         self.rng = random.Random(o.seed)
         self.pending: list[dict] = []
         self.first: float | None = None
         self.file = open(o.samples_out, "a", buffering=1) if o.samples_out and not _is_worker(environment) else None
+
+    def refresh(self) -> None:
+        """Reload the prompts when their options changed (the web UI sets options per run)."""
+        o = self.options = self.environment.parsed_options
+        if (o.prompts_file, o.prompt_band, o.seed) != self.prompts_key:
+            self.prompts = _load_prompts(o)
+            self.prompts_key = (o.prompts_file, o.prompt_band, o.seed)
 
     def next_request(self) -> tuple[int, str]:
         o = self.options
@@ -235,6 +243,7 @@ class _StreamingUser(User):
 
     def on_start(self) -> None:
         self.state = state(self.environment)
+        self.state.refresh()
         self.name = uuid.uuid4().hex[:6]
 
     @task
