@@ -160,6 +160,9 @@ def test_every_model_streams_the_engines_greedy_text(served, engines, model):
         status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 24, "stream": True,
                                                      "exclude_input_in_output": True})
         assert status == 200 and "".join(e["text_output"] for e in events) == ref.text
+        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 24, "stream": True})
+        assert events[0]["text_output"].startswith(prompt)  # exclude_input_in_output false: prompt first
+        assert "".join(e["text_output"] for e in events) == prompt + ref.text
 
         r = requests.post(f"http://{served.http_url}/v2/models/{model}/generate",
                           json={"text_input": prompt, "max_tokens": 24}, timeout=60)  # stream false: one response
@@ -315,6 +318,39 @@ def test_dropped_sse_connection_frees_its_slot(served):
     assert time.perf_counter() - t0 < 1.0
     assert wait_for(lambda: metric(scrape(served), "specdec:request_success", model=SLOT1,
                                    finished_reason="cancelled") == before + 1)
+
+
+def test_cancelled_request_leaves_the_queue(served):
+    """A request waiting for a slot sends nothing, so the backend's watcher must notice its client
+    leaving: it ends as cancelled, not by the 1 s queue timeout."""
+    text = scrape(served)
+    cancelled = metric(text, "specdec:request_success", model=SLOT1, finished_reason="cancelled")
+    errors = metric(text, "specdec:request_success", model=SLOT1, finished_reason="error")
+
+    def open_stream(inputs):
+        responses: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(served.grpc_url)
+        client.start_stream(callback=lambda result=None, error=None: responses.put((result, error)))
+        tensors = []
+        for name, array in inputs.items():
+            t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            t.set_data_from_numpy(array)
+            tensors.append(t)
+        client.async_stream_infer(SLOT1, tensors)
+        return client, responses
+    busy, busy_responses = open_stream(request_inputs("def", max_tokens=LONG, ignore_eos=True, stream=True))
+    assert busy_responses.get(timeout=60)[1] is None  # it holds the only slot
+    waiting, _ = open_stream(request_inputs("x", max_tokens=4, stream=True))
+    time.sleep(0.2)  # it waits in the queue (and would time out there after 1 s)
+    waiting.stop_stream(cancel_requests=True)
+    waiting.close()
+    assert wait_for(lambda: metric(scrape(served), "specdec:request_success", model=SLOT1,
+                                   finished_reason="cancelled") == cancelled + 1, 0.9)
+    busy.stop_stream(cancel_requests=True)
+    busy.close()
+    assert wait_for(lambda: metric(scrape(served), "specdec:request_success", model=SLOT1,
+                                   finished_reason="cancelled") == cancelled + 2)
+    assert metric(scrape(served), "specdec:request_success", model=SLOT1, finished_reason="error") == errors
 
 
 def test_full_model_queues_then_times_out_with_a_clear_error(served):
