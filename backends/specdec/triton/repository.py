@@ -75,6 +75,8 @@ def write_repository(
         for key in ("target", *needs):
             params[key] = _path(folders[key], model_dir, absolute)
         params.update(settings)
+        if method == "eagle2":  # show the tree in the config (the engine's default otherwise)
+            params.setdefault("eagle_tree", "4,5,24")
         (model_dir / "config.pbtxt").write_text(config_pbtxt(name, params))
         written.append(name)
     return written
