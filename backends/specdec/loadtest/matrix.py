@@ -399,7 +399,8 @@ def start_server(a: argparse.Namespace):
     if a.kit:
         kit = Path(a.kit)
         repo = str(Path(a.out or ".") / "model_repository")
-        write_repository(repo, kit / "target", **{k: kit / k for k in ("draft", "medusa", "eagle") if (kit / k).is_dir()})
+        write_repository(repo, kit / "target", **{k: kit / k for k in ("draft", "medusa", "eagle") if (kit / k).is_dir()},
+                         models=a.models.split(",") if a.models else None, absolute=True)
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           log_file=Path(a.out) / "tritonserver.log" if a.out else None)
     print(f"starting tritonserver ({', '.join(server.models)}) ...", flush=True)
