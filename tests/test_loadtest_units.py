@@ -173,3 +173,37 @@ def test_workload_grid():
     with pytest.raises(ValueError):
         Workload(sampling="hot")
     assert workloads(["short", "long"], ["short"], ["greedy"], prompts_file="mine.jsonl")[0].name.startswith("mine/")
+
+
+# ---- matrix plumbing ---------------------------------------------------------------------------------------
+def test_locust_command_holds_the_workload_fixed(tmp_path):
+    from specdec.loadtest.matrix import MatrixConfig, locust_command
+
+    cfg = MatrixConfig(models=["baseline"], duration_s=10, warmup_s=2, grpc_url="h:1", http_url="h:2")
+    w = Workload("short", "long", "t0.7")
+    cmd = locust_command(cfg, "spec_eagle", 4, w, tmp_path / "p.jsonl", tmp_path / "s.jsonl")
+    args = dict(zip(cmd, cmd[1:]))
+    assert "GrpcStreamUser" in cmd and "--headless" in cmd
+    assert (args["-u"], args["-r"], args["--run-time"], args["--model"]) == ("4", "4", "12s", "spec_eagle")
+    assert (args["--max-tokens"], args["--temperature"], args["--host"], args["--grpc-url"]) == ("128", "0.7", "http://h:2", "h:1")
+    cfg.workers, cfg.drain_s = 2, 5
+    cmd = locust_command(cfg, "m", 4, w, tmp_path / "p", tmp_path / "s")
+    args = dict(zip(cmd, cmd[1:]))
+    assert args["--send-for"] == "12.000" and args["--run-time"] == "17s"  # requests in flight finish
+    cfg.workers, cfg.requests = 0, 20
+    cmd = locust_command(cfg, "m", 4, w, tmp_path / "p", tmp_path / "s")
+    assert dict(zip(cmd, cmd[1:]))["--max-requests"] == str(20 + cfg.warmup_requests)
+
+
+def test_canary_model_config(tmp_path):
+    from specdec.loadtest.canary import routes_to_candidate, write_canary_model
+
+    folder = write_canary_model(tmp_path, "baseline", "spec_medusa", 0.3)
+    text = (folder / "config.pbtxt").read_text()
+    assert 'backend: "python"' in text and "decoupled: true" in text
+    assert 'name: "served_model"' in text and 'name: "text_input"' in text
+    assert 'key: "candidate" value: { string_value: "spec_medusa" }' in text
+    assert "specdec.loadtest.canary" in (folder / "1" / "model.py").read_text()
+    assert sum(routes_to_candidate(n, 0.3) for n in range(1000)) == 300
+    with pytest.raises(ValueError):
+        write_canary_model(tmp_path, share=1.5)
