@@ -104,3 +104,16 @@ def test_repository_round_trip(tmp_path):
                             str(tmp_path / "r3"), "--prefix", "ab_"]) == 0
     assert sorted(p.name for p in (tmp_path / "r3").iterdir()) == ["ab_baseline", "ab_spec_eagle", "ab_spec_ngram"]
     assert build_repo_main(["--target", str(tmp_path / "missing"), "--out", str(tmp_path / "r4")]) == 2
+
+
+def test_vllm_style_sampling_parameters():
+    r = parse({"text_input": text("x"), "top_k": np.array([3], np.int32), "sampling_parameters": text(
+        '{"temperature": 0.5, "top_p": 0.9, "top_k": 7, "max_tokens": 9, "seed": 4, "stop": ["\\n"], "min_tokens": 2}')})
+    p = r.params
+    assert (p.max_tokens, p.top_k, p.seed, p.stop, p.min_tokens) == (9, 3, 4, ["\n"], 2)  # the tensor top_k wins
+    assert p.temperature == pytest.approx(0.5) and p.top_p == pytest.approx(0.9)
+    for bad, message in [('{"n": 2}', "unsupported key 'n'"), ("[1]", "JSON object"), ("{", "not valid JSON"),
+                         ('{"temperature": "hot"}', "temperature must be a number"),
+                         ('{"top_p": 0}', "top_p must be in")]:
+        with pytest.raises(InvalidRequest, match=message):
+            parse({"text_input": text("x"), "sampling_parameters": text(bad)})

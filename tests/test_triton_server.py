@@ -194,6 +194,11 @@ def test_stop_words_seed_and_min_tokens_reach_the_engine(served, engines):
         assert r.status_code == 200 and r.json()["text_output"] == ref.text, case
         if "stop" in case:
             assert ref.finish_reason == "stop" and stop not in ref.text
+        vllm_style = {"text_input": prompt, "exclude_input_in_output": True, "sampling_parameters": json.dumps(
+            {"max_tokens": params.max_tokens, "temperature": params.temperature, "top_k": params.top_k,
+             "seed": params.seed, "stop": params.stop, "min_tokens": params.min_tokens})}
+        r = requests.post(f"http://{served.http_url}/v2/models/spec_ngram/generate", json=vllm_style, timeout=60)
+        assert r.status_code == 200 and r.json()["text_output"] == ref.text, case
 
 
 BAD_GRPC = [

@@ -45,7 +45,14 @@ INPUTS = [
     Field("min_tokens", "TYPE_INT32", "[ 1 ]", 0, "EOS is suppressed before this many tokens"),
     Field("min_length", "TYPE_INT32", "[ 1 ]", 0, "alias of min_tokens (genai-perf sends it)"),
     Field("ignore_eos", "TYPE_BOOL", "[ 1 ]", False, "keep generating past EOS (fixed-length benchmarks)"),
+    Field("sampling_parameters", "TYPE_STRING", "[ 1 ]", None,
+          "JSON object as Triton's vLLM backend takes it: max_tokens, temperature, top_p, top_k, seed, "
+          "stop, min_tokens, ignore_eos (the tensors above win)"),
 ]
+
+# keys of the vLLM backend's `sampling_parameters` JSON that map onto our inputs
+SAMPLING_JSON = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                 "seed": "seed", "stop": "stop_words", "min_tokens": "min_tokens", "ignore_eos": "ignore_eos"}
 
 OUTPUTS = [
     Field("text_output", "TYPE_STRING", "[ -1 ]", None, "streamed: the new text of this step; else the whole text"),
@@ -85,6 +92,9 @@ def parse(inputs: dict[str, np.ndarray], parameters: dict | str | None = None) -
         if key not in INPUT_NAMES:
             raise InvalidRequest(f"unknown input {key!r}; known: {', '.join(sorted(INPUT_NAMES))}")
         values[key] = np.asarray(array)
+
+    if "sampling_parameters" in values:
+        _merge_sampling_json(values)
 
     if "text_input" not in values:
         raise InvalidRequest("text_input is missing")
@@ -156,3 +166,29 @@ def _decode(v, name: str) -> str:
     if isinstance(v, str):
         return v
     raise InvalidRequest(f"{name} must be a string, got {type(v).__name__}")
+
+
+def _merge_sampling_json(values: dict) -> None:
+    raw = _text(values.pop("sampling_parameters"), "sampling_parameters")
+    try:
+        options = json.loads(raw) if raw.strip() else {}
+    except ValueError as exc:
+        raise InvalidRequest(f"sampling_parameters is not valid JSON ({exc})") from None
+    if not isinstance(options, dict):
+        raise InvalidRequest("sampling_parameters must be a JSON object")
+    for key, value in options.items():
+        if key not in SAMPLING_JSON:
+            raise InvalidRequest(f"sampling_parameters: unsupported key {key!r}; supported: {', '.join(SAMPLING_JSON)}")
+        name = SAMPLING_JSON[key]
+        if name in values:  # an explicit input wins
+            continue
+        if name == "stop_words":
+            stops = [value] if isinstance(value, str) else value
+            if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+                raise InvalidRequest("sampling_parameters: stop must be a string or a list of strings")
+            values[name] = np.array([x.encode() for x in stops], dtype=np.object_)
+        elif isinstance(value, (bool, int, float)) or value is None:
+            if value is not None:
+                values[name] = np.array([value])
+        else:
+            raise InvalidRequest(f"sampling_parameters: {key} must be a number, got {value!r}")
