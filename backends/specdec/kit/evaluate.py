@@ -24,7 +24,10 @@ from ..models.tokenizer import Tokenizer
 from .corpus import Document, eval_windows, read_documents, split_documents
 from .profiles import PROFILES, Profile
 
-SAMPLE_PROMPT = 'import os\n\n\ndef list_python_files(directory):\n    """Return the paths of the .py files under directory."""\n'
+# Prompts end at the end of a line, before its newline: byte-level BPE merges a newline with the
+# next line's indentation ("\n    "), so a prompt ending in a bare "\n" token would tell the model
+# the next line starts at column 0 (the prompt-boundary problem), and a function body never follows.
+SAMPLE_PROMPT = 'import os\n\n\ndef list_python_files(directory):\n    """Return the paths of the .py files under directory."""'
 EVAL_BATCH = 8
 
 
@@ -39,14 +42,14 @@ def heldout_tokens(profile: Profile, tokenizer: Tokenizer) -> tuple[torch.Tensor
 
 
 def function_prompts(docs: list[Document], count: int) -> list[str]:
-    """Held-out files up to and including their first top-level `def` line: the model writes the body."""
+    """Held-out files up to the end of their first top-level `def` line: the model writes the body."""
     prompts = []
     for doc in docs:
         at = doc.text.find("\ndef ")
         if at < 0:
             continue
         end = doc.text.find("\n", at + 1)
-        prompts.append(doc.text[max(0, at - 600) : end + 1])
+        prompts.append(doc.text[max(0, at - 600) : end if end >= 0 else None])
         if len(prompts) == count:
             break
     return prompts
