@@ -196,6 +196,7 @@ def _on_init(environment, **kwargs) -> None:
     if not isinstance(runner, MasterRunner):
         # the heavy imports now: the run time starts counting when users spawn
         from .. import client  # noqa: F401
+        from ..triton import request  # noqa: F401  (what client.request_inputs imports: torch and all)
 
         if not isinstance(runner, WorkerRunner) and environment.parsed_options is not None:
             state(environment)  # prompts too (a worker gets its options from the master when users spawn)
@@ -217,6 +218,13 @@ def _on_init(environment, **kwargs) -> None:
                 if id(environment) in STATE:
                     STATE[id(environment)].flush_to_master()
         gevent.spawn(periodic)
+
+
+@events.test_start.add_listener
+def _on_start(environment, **kwargs) -> None:
+    s = STATE.get(id(environment))
+    if s is not None:  # a new run from the web UI starts counting afresh
+        s.counter, s.done, s.first = itertools.count(), 0, None
 
 
 @events.test_stop.add_listener
