@@ -1,7 +1,9 @@
 """Workload prompts: code-completion prompts cut from held-out standard-library files, or a user's JSONL.
 
 Held-out files (by the kit's stable path hash) were never trained on, so acceptance measured on
-them is what a user would see on new code. A prompt ends at a line start, as an editor would send it.
+them is what a user would see on new code. A prompt ends at the end of a line, before its newline:
+byte-level BPE merges a newline with the next line's indentation into one token, so a prompt that
+ends in a bare newline token would steer the model towards column 0.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def heldout_prompts(n: int, band: str = "short", seed: int = 0) -> list[str]:
         text = rng.choice(docs).text
         end = text.find("\n", rng.randrange(hi, len(text) - 100)) + 1
         start = text.find("\n", end - rng.randrange(lo, hi)) + 1
-        prompt = text[start:end]
+        prompt = text[start : end - 1]
         if prompt.strip() and lo // 2 <= len(prompt) <= hi:
             prompts.append(prompt)
     return prompts
