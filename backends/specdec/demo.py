@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
         p.begin("stream", "one completion per model, tokens as they arrive (gRPC stream)")
         stream_each(server, models, a.max_tokens, p)
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited (code {server.proc.returncode})")
         p.end()
 
         p.begin("load", "load matrix: every model x concurrency, side by side (Locust, headless)")
@@ -202,9 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                 eta = "" if not done else f"  (about {(time.monotonic() - t0) / done * (total - done):.0f} s left)"
                 p.note(f"cell {done + 1}/{total}: {text}{eta}")
         report = run_matrix(cfg, progress=show)
-        failed = [c for c in report["cells"] if c["figures"].get("error")]
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited (code {server.proc.returncode}) during the load matrix")
+        failed = [f"{c['model']} at concurrency {c['concurrency']}: {c['figures']['error']}"
+                  for c in report["cells"] if c["figures"].get("error")]
+        failed += [f"{c['model']} at concurrency {c['concurrency']}: {c['figures']['error_rate']:.0%} of requests failed"
+                   for c in report["cells"] if (c["figures"].get("error_rate") or 0) > 0.05]
         if failed:
-            raise RuntimeError("; ".join(c["figures"]["error"] for c in failed))
+            raise RuntimeError("; ".join(dict.fromkeys(failed)))
         p.end(text=f"{len(report['cells'])} cells")
 
         p.begin("verdict", "guardrails -> keep / keep below N / roll back")

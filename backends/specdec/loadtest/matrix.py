@@ -244,6 +244,10 @@ def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prom
                                   for m in sorted(served)}
     if not samples:
         fig["error"] = f"no samples (locust exit code {proc.returncode}; see {cell_dir / 'locust.log'})"
+    elif before and not after:
+        fig["error"] = f"the server's metrics endpoint stopped answering during the cell (did tritonserver exit?)"
+    elif samples and all(s.get("error") for s in samples):
+        fig["error"] = f"every request failed, e.g. {samples[-1]['error']}"
     return fig
 
 
@@ -387,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_report(report, rules, a.out)
     print(paths["verdict_table"])
     print(f"wrote {paths['json']}, {paths['md']} and {len(paths['plots'])} plots")
-    return 0 if not any(c["figures"].get("error") for c in report["cells"]) else 1
+    failed = [c for c in report["cells"] if c["figures"].get("error")]
+    for c in failed:
+        print(f"error: {c['model']} at concurrency {c['concurrency']}: {c['figures']['error']}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def start_server(a: argparse.Namespace):
