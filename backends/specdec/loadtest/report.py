@@ -192,6 +192,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         levels = sorted({c["concurrency"] for c in cells})
         xs = list(range(len(levels)))  # evenly spaced load levels (1, 4, 16 read like a log axis)
         tag = f"w{wi}"
+        colors = {m: f"C{i}" for i, m in enumerate(m for m in models if m != report["setup"]["baseline"])}
 
         def series(model, key, scale=1.0):
             by = {c["concurrency"]: c["figures"].get(key) for c in cells if c["model"] == model}
@@ -200,7 +201,8 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         def lines(ax, key, scale, ylabel, title):
             for m in models:
                 ys = series(m, key, scale)
-                style = dict(color="black", linestyle="--", linewidth=2) if m == report["setup"]["baseline"] else {}
+                style = dict(color="black", linestyle="--", linewidth=2) if m == report["setup"]["baseline"] \
+                    else dict(color=colors[m])
                 ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=m, **style)
             ax.set_xticks(xs, [str(lv) for lv in levels])
             ax.set_xlim(-0.3, len(xs) - 0.7)
@@ -224,7 +226,8 @@ def write_plots(report: dict, out: Path) -> list[Path]:
             if m == base:
                 continue
             rs = {c["concurrency"]: c["ratios"].get("output_tokens_per_s") for c in cells if c["model"] == m}
-            axes[1].plot(xs, [float("nan") if rs.get(lv) is None else rs[lv] for lv in levels], marker="o", label=m)
+            axes[1].plot(xs, [float("nan") if rs.get(lv) is None else rs[lv] for lv in levels], marker="o", label=m,
+                         color=colors[m])
         axes[1].axhline(1.0, color="black", linestyle="--", linewidth=1.5, label="baseline")
         axes[1].axhline(0.95, color="red", linestyle=":", linewidth=1, label="0.95x")
         axes[1].set_xticks(xs, [str(lv) for lv in levels])
@@ -252,8 +255,9 @@ def write_plots(report: dict, out: Path) -> list[Path]:
             fig, ax = plt.subplots(figsize=(8, 4.2))
             width = 0.8 / max(1, len(spec))
             for i, m in enumerate(spec):
-                ys = accept.get(m) or []
-                ax.bar([p + i * width for p in range(len(ys))], ys, width=width, label=m)
+                ys = accept.get(m) or [0.0]  # a zero bar keeps the legend's colour for a model that drafted nothing
+                ax.bar([p + i * width for p in range(len(ys))], ys, width=width, color=colors[m],
+                       label=m if accept.get(m) else f"{m} (nothing drafted)")
             depth = max(len(v) for v in accept.values())
             ax.set_xticks([p + 0.4 - width / 2 for p in range(depth)], [str(p + 1) for p in range(depth)])
             ax.set_xlabel("draft position")
