@@ -29,7 +29,7 @@ from .policy import CostModel, Policy
 from .proposers.base import Proposer
 from .sampling import SamplingParams, mask_eos, probs, sample
 from .sequence import Output, RequestStats, Sequence
-from .verify import Draft, TypicalAcceptance, tree_mask, verify
+from .verify import Draft, TypicalAcceptance, greedy_walk, tree_mask, verify
 
 log = logging.getLogger("specdec.engine")
 
@@ -255,9 +255,13 @@ class Engine:
         m.verify_tokens += sum(len(d) + 1 for d in drafts)
         depth_drafted = max((max(d.depths()) for d in drafts if len(d)), default=0)
         self.policy.observe_draft_time(t1 - t0, depth_drafted)
+        argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
-            verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids,
-                             seq.params.min_tokens - len(seq.output_ids), self.typical)
+            eos_blocked = seq.params.min_tokens - len(seq.output_ids)
+            if seq.params.greedy and eos_blocked <= 0:
+                verdict = greedy_walk(draft, argmax[b])
+            else:
+                verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids, eos_blocked, self.typical)
             offsets = [0] + [i + 1 for i in verdict.path]
             self.cache.compact(seq.slot, starts[b], offsets)
             accepted = [draft.tokens[i] for i in verdict.path]

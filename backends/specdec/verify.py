@@ -84,6 +84,20 @@ class Verdict:
     bonus: int  # the target's own next token after the accepted path
 
 
+def greedy_walk(draft: Draft, targets: list[int], kids: dict[int, list[int]] | None = None) -> Verdict:
+    """Greedy: follow the child equal to the target's argmax; targets[r] is row r's argmax."""
+    kids = draft.children() if kids is None else kids
+    path: list[int] = []
+    node = -1
+    while True:
+        want = targets[node + 1]
+        nxt = next((c for c in kids.get(node, []) if draft.tokens[c] == want), None)
+        if nxt is None:
+            return Verdict(path, want)
+        path.append(nxt)
+        node = nxt
+
+
 def verify(
     draft: Draft, logits: Tensor, params: SamplingParams, generator: torch.Generator | None,
     eos_ids: list[int] = (), eos_blocked_until_depth: int = 0, typical: TypicalAcceptance | None = None,
@@ -97,17 +111,10 @@ def verify(
     rows = logits[: len(draft) + 1].detach().to("cpu", torch.float64)  # small; exact compare and sampling
     if eos_blocked_until_depth > 0:
         rows = mask_eos(rows, list(eos_ids), torch.tensor([d < eos_blocked_until_depth for d in depth]))
+    if params.greedy:
+        return greedy_walk(draft, rows.argmax(-1).tolist(), kids)
     path: list[int] = []
     node = -1
-    if params.greedy:
-        targets = rows.argmax(-1).tolist()
-        while True:
-            want = targets[node + 1]
-            nxt = next((c for c in kids.get(node, []) if draft.tokens[c] == want), None)
-            if nxt is None:
-                return Verdict(path, want)
-            path.append(nxt)
-            node = nxt
     p_all = probs(rows, params)
     if typical is not None:
         return verify_typical(draft, kids, p_all, typical, generator)

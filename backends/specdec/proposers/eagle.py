@@ -129,7 +129,7 @@ class EagleProposer:
         expanded = [[] for _ in range(B)]  # candidate indices whose pair is in the head's cache region
         starts = [len(s.tokens) - 1 for s in seqs]
         parent_feature: list[dict[int, Tensor]] = [{-1: root_feature[b]} for b in range(B)]
-        for _ in range(tree.depth - 1):
+        for _ in range(min(tree.depth, max(ks)) - 1):  # a tree of k nodes is at most k deep
             for b in range(B):
                 expanded[b] += frontier[b]
             width = max(len(e) for e in expanded)
