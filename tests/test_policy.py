@@ -3,7 +3,7 @@ turn it off where it would lose (compute-bound batch, collapsed acceptance), and
 
 from __future__ import annotations
 
-from specdec.policy import COLLAPSE_ALPHA, CostModel, Policy, expected_tokens
+from specdec.policy import COLLAPSE_ALPHA, PROBE_EVERY, PROBE_K, CostModel, Policy, expected_tokens
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
 
@@ -19,12 +19,12 @@ def seqs(n: int, alpha: float, **params) -> list[Sequence]:
 
 def memory_bound() -> CostModel:
     """Verify time nearly flat up to 64 tokens (a GPU or small batch): extra tokens are cheap."""
-    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_seconds_per_level=0.05)
+    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.05, draft_per_level=0.05)
 
 
 def compute_bound() -> CostModel:
     """Every token costs the same (a saturated CPU): verifying rejected tokens is pure loss."""
-    return CostModel([1, 512], [1.0, 512.0], draft_seconds_per_level=0.05)
+    return CostModel([1, 512], [1.0, 512.0], draft_fixed=0.05, draft_per_level=0.05)
 
 
 def test_expected_tokens():
@@ -42,7 +42,10 @@ def test_deep_speculation_when_verification_is_cheap_and_acceptance_high():
 def test_speculation_off_at_high_load_when_compute_bound():
     p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
-    assert p.choose(seqs(32, 0.6)) == [0] * 32
+    batch = seqs(32, 0.6)
+    for s in batch:
+        s.stats.steps = 1
+    assert p.choose(batch) == [0] * 32
     p.cost = memory_bound()
     assert max(p.choose(seqs(2, 0.6))) > 0
 
@@ -54,7 +57,11 @@ def test_collapsed_sequence_turns_off_alone_and_recovers():
     for _ in range(12):
         p.observe(bad, 4, 0)
     assert bad.acceptance_ema < COLLAPSE_ALPHA
+    good.stats.steps = bad.stats.steps = 1
     assert p.choose([good, bad]) == [4, 0]
+    bad.stats.steps = PROBE_EVERY  # an occasional small probe keeps its estimate current
+    assert p.choose([good, bad]) == [4, PROBE_K]
+    bad.stats.steps = 1
     steps = 0
     while p.choose([good, bad])[1] == 0:
         p.observe(bad, 0, 0)
@@ -70,3 +77,33 @@ def test_request_cap_and_fixed_policy():
 def test_cost_model_interpolates_and_extrapolates():
     c = CostModel([1, 3], [1.0, 2.0])
     assert c.verify(2) == 1.5 and c.verify(6) == 4.0 and c.verify(1) == 1.0
+
+
+def test_idle_high_acceptance_is_kept_and_one_slow_proposal_cannot_switch_speculation_off():
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = memory_bound()
+    s = seqs(1, 0.9)[0]
+    p.observe(s, 0, 0)
+    assert s.acceptance_ema == 0.9
+    p.observe_draft_time(100.0, 4)  # e.g. a first proposal that caught up on a long prompt
+    assert p.cost.draft(4) < 1.0
+    assert p.choose([s]) == [4]
+
+
+def test_draft_cost_fit_separates_fixed_and_per_level_cost():
+    c = memory_bound()
+    for _ in range(30):  # early samples are clipped to 3x the prediction; they leave the window
+        for depth in (1, 2, 4):
+            c.observe_draft(depth, 0.3 + 0.1 * depth)
+    assert abs(c.draft_fixed - 0.3) < 1e-9 and abs(c.draft_per_level - 0.1) < 1e-9
+
+
+def test_newcomers_start_at_the_engine_wide_acceptance():
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = memory_bound()
+    veteran = seqs(1, 0.6)[0]
+    for _ in range(40):
+        p.observe(veteran, 4, 4)
+    newcomer = seqs(1, 0.0)[0]
+    p.admit(newcomer)
+    assert newcomer.acceptance_ema > 0.9

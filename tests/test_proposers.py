@@ -3,6 +3,7 @@ recomputed from scratch (no caches): catches misaligned features, positions or s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec.engine_config import EngineConfig, build_engine
@@ -11,9 +12,13 @@ from specdec.sampling import SamplingParams
 from test_engine import kit, prompts  # noqa: F401
 
 
-def recorded_first_drafts(eng):
+def recorded_first_drafts(eng, skip_every: int = 0):
+    """(tokens, draft) of every proposal; with skip_every, some rounds propose nothing (k = 0)."""
     seen = []
     propose = eng.proposer.propose
+    if skip_every:
+        rounds = iter(range(10**9))
+        eng.policy.choose = lambda seqs: [0 if next(rounds) % skip_every else eng.proposer.max_k for _ in seqs]
 
     def spy(seqs, ks):
         drafts = propose(seqs, ks)
@@ -26,18 +31,19 @@ def recorded_first_drafts(eng):
     return seen
 
 
-def test_eagle_first_draft_matches_teacher_forced_head(kit):  # noqa: F811
-    for method in ("eagle", "eagle2"):
-        eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
-        target, head = eng.target, eng.proposer.head
-        for tokens, draft in recorded_first_drafts(eng):
-            ids = torch.tensor([tokens])
-            with torch.no_grad():
-                feats = target(ids[:, :-1])  # features of every committed token before the root
-                pred = head(target.model.embed_tokens(ids[:, 1:]), feats)  # pairs (f_t, x_t+1)
-                want = int(target.logits(pred[0, -1]).argmax())
-            first_children = [t for t, p in zip(draft.tokens, draft.parents) if p == -1]
-            assert first_children[0] == want
+@pytest.mark.parametrize("skip_every", [0, 3])
+@pytest.mark.parametrize("method", ["eagle", "eagle2"])
+def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):  # noqa: F811
+    eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    target, head = eng.target, eng.proposer.head
+    for tokens, draft in recorded_first_drafts(eng, skip_every):
+        ids = torch.tensor([tokens])
+        with torch.no_grad():
+            feats = target(ids[:, :-1])  # features of every committed token before the root
+            pred = head(target.model.embed_tokens(ids[:, 1:]), feats)  # pairs (f_t, x_t+1)
+            want = int(target.logits(pred[0, -1]).argmax())
+        first_children = [t for t, p in zip(draft.tokens, draft.parents) if p == -1]
+        assert first_children[0] == want
 
 
 def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
@@ -52,10 +58,11 @@ def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
             assert draft.tokens[eng.proposer.tree.index([0, 0])] == top[1]
 
 
-def test_draft_model_first_draft_matches_its_own_forward(kit):  # noqa: F811
+@pytest.mark.parametrize("skip_every", [0, 3])
+def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every):  # noqa: F811
     eng = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
     model = eng.proposer.model
-    for tokens, draft in recorded_first_drafts(eng):
+    for tokens, draft in recorded_first_drafts(eng, skip_every):
         with torch.no_grad():
             logits = model.logits(model(torch.tensor([tokens + draft.tokens[:-1]])))[0]
         assert draft.tokens == logits[len(tokens) - 1 :].argmax(-1).tolist()

@@ -226,6 +226,7 @@ class Engine:
         self.metrics.prefill_seconds += time.perf_counter() - t0
         for seq, first in zip(seqs, firsts):
             seq.stats.steps += 1
+            self.policy.admit(seq)
             self.running.append(seq)
             self._emit(seq, [first])
 

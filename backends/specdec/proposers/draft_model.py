@@ -86,8 +86,9 @@ class DraftModelProposer:
         return drafts
 
     def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
-        before = len(seq.tokens) - len(path) - 1
-        self.fed[seq.slot] = before + min(len(path), self.drafted[seq.slot])
+        # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens
+        # it also fed, the accepted ones stay valid (none in a round without a proposal)
+        self.fed[seq.slot] += min(len(path), self.drafted[seq.slot])
         self.drafted[seq.slot] = 0
 
     def release(self, slot: int) -> None:

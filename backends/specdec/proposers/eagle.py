@@ -53,7 +53,8 @@ class EagleProposer:
             self.fed[s.slot], self.pending[s.slot] = 0, f
 
     def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
-        self.pending[seq.slot] = features
+        # rounds without a proposal leave their pairs pending too: append, never replace
+        self.pending[seq.slot] = torch.cat([self.pending[seq.slot], features])
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
@@ -74,6 +75,7 @@ class EagleProposer:
         out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts)
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
+            self.pending[s.slot] = f[:0]
         return out[torch.arange(len(seqs)), torch.tensor([len(f) - 1 for f in feats])]
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
