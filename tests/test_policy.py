@@ -42,10 +42,7 @@ def test_deep_speculation_when_verification_is_cheap_and_acceptance_high():
 def test_speculation_off_at_high_load_when_compute_bound():
     p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
-    batch = seqs(32, 0.6)
-    for s in batch:
-        s.stats.steps = 1
-    assert p.choose(batch) == [0] * 32
+    assert p.choose(seqs(32, 0.6)) == [0] * 32
     p.cost = memory_bound()
     assert max(p.choose(seqs(2, 0.6))) > 0
 
@@ -57,11 +54,9 @@ def test_collapsed_sequence_turns_off_alone_and_recovers():
     for _ in range(12):
         p.observe(bad, 4, 0)
     assert bad.acceptance_ema < COLLAPSE_ALPHA
-    good.stats.steps = bad.stats.steps = 1
     assert p.choose([good, bad]) == [4, 0]
-    bad.stats.steps = PROBE_EVERY  # an occasional small probe keeps its estimate current
+    p.steps = PROBE_EVERY - 1  # an occasional small probe keeps its estimate current
     assert p.choose([good, bad]) == [4, PROBE_K]
-    bad.stats.steps = 1
     steps = 0
     while p.choose([good, bad])[1] == 0:
         p.observe(bad, 0, 0)

@@ -27,8 +27,8 @@ PRIOR_ALPHA = 0.6
 SMOOTHING = 0.3
 COLLAPSE_ALPHA = 0.15
 RECOVERY_PER_STEP = 0.01
-PROBE_EVERY = 8  # a sequence not speculating drafts a little every this many steps,
-PROBE_K = 2  # so the acceptance estimate stays current and speculation can come back
+PROBE_EVERY = 16  # sequences not speculating draft a little every this many engine steps, all on
+PROBE_K = 2  # the same step (a batch is padded to its longest draft), so acceptance stays measured
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -104,6 +104,7 @@ class Policy:
         self.max_k, self.adaptive, self.depth_for = max_k, adaptive, depth_for
         self.cost: CostModel | None = None
         self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
+        self.steps = 0
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
     def cap(self, seq: Sequence) -> int:
@@ -114,6 +115,7 @@ class Policy:
         caps = [self.cap(s) for s in seqs]
         if not self.adaptive or self.cost is None or self.max_k == 0:
             return caps
+        self.steps += 1
         on = [s.acceptance_ema >= COLLAPSE_ALPHA for s in seqs]
         best_k, best_rate = 0, 0.0
         for k in self.candidates:
@@ -125,8 +127,9 @@ class Policy:
             if tokens / seconds > best_rate:
                 best_k, best_rate = k, tokens / seconds
         ks = [min(best_k, c) if o else 0 for c, o in zip(caps, on)]
-        return [min(PROBE_K, c) if k == 0 and s.stats.steps % PROBE_EVERY == 0 else k
-                for s, k, c in zip(seqs, ks, caps)]
+        if self.steps % PROBE_EVERY == 0:
+            ks = [k or min(PROBE_K, c) for k, c in zip(ks, caps)]
+        return ks
 
     def admit(self, seq: Sequence) -> None:
         seq.acceptance_ema = self.alpha

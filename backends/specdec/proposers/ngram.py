@@ -5,6 +5,8 @@ No model at all; the draft is deterministic (one-hot q), so it verifies exactly 
 
 from __future__ import annotations
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
 
 from ..errors import ConfigurationError
@@ -17,22 +19,17 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 
     The most recent match that still has k tokens after it wins; without one, the match with the
     longest continuation. (In a repeating span the most recent match sits right before the suffix
-    and would offer a single token.)
+    and would offer a single token.) Vectorized: this runs for every sequence at every step.
     """
     L = len(tokens)
+    arr = np.asarray(tokens)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        pattern = tokens[L - n :]
-        first = pattern[0]
-        best: list[int] = []
-        for i in range(L - n - 1, -1, -1):
-            if tokens[i] == first and tokens[i : i + n] == pattern:
-                follow = tokens[i + n : i + n + k]
-                if len(follow) == k:
-                    return follow
-                if len(follow) > len(best):
-                    best = follow
-        if best:
-            return best
+        windows = sliding_window_view(arr[: L - 1], n)  # window i = tokens[i : i + n], i <= L - n - 1
+        matches = np.flatnonzero((windows == arr[L - n :]).all(axis=1))
+        if matches.size:
+            full = matches[matches + n + k <= L]
+            i = int(full[-1] if full.size else matches[0])
+            return tokens[i + n : i + n + k]
     return []
 
 
