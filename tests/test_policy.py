@@ -55,7 +55,7 @@ def test_collapsed_sequence_turns_off_alone_and_recovers():
         p.observe(bad, 4, 0)
     assert bad.acceptance_ema < COLLAPSE_ALPHA
     assert p.choose([good, bad]) == [4, 0]
-    p.steps = PROBE_EVERY - 1  # an occasional small probe keeps its estimate current
+    p.steps = 2 * PROBE_EVERY - 1  # an occasional small probe keeps its estimate current
     assert p.choose([good, bad]) == [4, PROBE_K]
     steps = 0
     while p.choose([good, bad])[1] == 0:

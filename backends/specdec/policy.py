@@ -27,8 +27,9 @@ PRIOR_ALPHA = 0.6
 SMOOTHING = 0.3
 COLLAPSE_ALPHA = 0.15
 RECOVERY_PER_STEP = 0.01
-PROBE_EVERY = 16  # sequences not speculating draft a little every this many engine steps, all on
-PROBE_K = 2  # the same step (a batch is padded to its longest draft), so acceptance stays measured
+PROBE_EVERY = 16  # sequences not speculating draft a little every this many engine steps times the
+PROBE_K = 2  # batch size (a probe costs more in a big batch), all on the same step (a batch is
+# padded to its longest draft), so acceptance stays measured and speculation can come back
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -127,7 +128,7 @@ class Policy:
             if tokens / seconds > best_rate:
                 best_k, best_rate = k, tokens / seconds
         ks = [min(best_k, c) if o else 0 for c, o in zip(caps, on)]
-        if self.steps % PROBE_EVERY == 0:
+        if self.steps % (PROBE_EVERY * len(seqs)) == 0:
             ks = [k or min(PROBE_K, c) for k, c in zip(ks, caps)]
         return ks
 
