@@ -22,7 +22,7 @@ test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow"
 
 bench: install
-	$(VENV)/bin/specdec bench --kit demo
+	$(VENV)/bin/specdec bench --batch-sizes 1,8 --json reports/bench.json
 
 demo: install
 	$(VENV)/bin/specdec demo
