@@ -152,4 +152,5 @@ def table(figures: list[MethodFigures]) -> str:
 
 
 def write_json(figures: list[MethodFigures], path: str | Path, setup: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({"setup": setup, "figures": [asdict(f) for f in figures]}, indent=2) + "\n")
