@@ -215,3 +215,10 @@ def test_an_internal_error_fails_the_batch_with_final_responses_and_the_engine_k
     eng.proposer.propose = propose
     [ok] = eng.generate(["import os"], SamplingParams(max_tokens=5, ignore_eos=True))
     assert ok.finish_reason == "length" and len(ok.token_ids) == 5
+
+
+def test_duplicate_request_id_is_refused(kit):
+    eng = engine(kit)
+    eng.submit("a", SamplingParams(max_tokens=3), lambda out: None, request_id="same")
+    with pytest.raises(InvalidRequest, match="already in use"):
+        eng.submit("b", SamplingParams(max_tokens=3), lambda out: None, request_id="same")

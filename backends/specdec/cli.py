@@ -18,6 +18,7 @@ DELEGATED = {
     "serve": "specdec.triton.server:main",
     "build-repo": "specdec.triton.repository:main",
     "client": "specdec.client:main",
+    "serve-bench": "specdec.triton.bench:main",
     "loadtest": "specdec.loadtest.matrix:main",
     "demo": "specdec.demo:main",
 }

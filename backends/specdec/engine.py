@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -118,6 +118,8 @@ class Engine:
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                 f"limit of {self.max_context} tokens"
             )
+        if request_id is not None and request_id in self.streams:
+            raise InvalidRequest(f"request id {request_id!r} is already in use by a running request")
         seq = Sequence(
             request_id=request_id or f"req-{next(self.ids)}", prompt_ids=prompt_ids, params=params,
             on_output=on_output, generator=params.generator(), tokens=list(prompt_ids),
@@ -201,7 +203,7 @@ class Engine:
                 self.queue.remove(s)
         for s in expired:
             self._finish(s, "error", error=str(QueueTimeout(
-                f"no KV slot became free within {self.queue_timeout_s:.0f} s ({self.max_batch} slots busy)")))
+                f"no KV slot became free within {self.queue_timeout_s:g} s ({self.max_batch} slots busy)")))
         return admitted
 
     def _prefill(self, seqs: list[Sequence]) -> None:
@@ -324,8 +326,9 @@ class Engine:
     def _send(self, seq, stream: StreamState, end: int, token_ids, finished: bool, reason, error=None) -> None:
         text = stream.text[stream.sent : end]
         stream.sent = max(stream.sent, end)
-        if text or token_ids or finished:
-            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, seq.stats, error))
+        if text or token_ids or finished:  # a snapshot of the counters, consistent with this text
+            stats = replace(seq.stats, accepted_per_position=list(seq.stats.accepted_per_position))
+            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, stats, error))
 
     def _finish(self, seq: Sequence, reason: str, text_end: int | None = None, token_ids=(), error=None) -> None:
         stream = self.streams.pop(seq.request_id, None)
