@@ -41,6 +41,9 @@ class Stream:
         self.ids: list[int] = []
         self.timer = RequestTimer(model.metrics)
         self.done = False
+        # is_cancelled() on a request whose final response was sent crashes tritonserver (signal 11
+        # in TRITONBACKEND_ResponseFactoryIsCancelled): `done` is set, and checked, under this lock
+        self.guard = threading.Lock()
         self.interval = model.stream_interval if parsed.stream else 1 << 30
         self.pending: list = []
         self.pending_tokens = 0
@@ -88,7 +91,8 @@ class Stream:
                 self.model.engine.cancel(self.seq)
 
     def finish(self, out, text: str, ids: list[int]) -> None:
-        self.done = True
+        with self.guard:
+            self.done = True
         self.model.forget(self)
         if out.error:
             self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)),
@@ -112,10 +116,11 @@ class Stream:
         ])
 
     def check_cancelled(self) -> bool:
-        if self.seq is not None and not self.seq.cancelled and not self.done and self.request.is_cancelled():
-            self.model.engine.cancel(self.seq)
-            return True
-        return False
+        with self.guard:
+            if self.done or self.seq is None or self.seq.cancelled or not self.request.is_cancelled():
+                return False
+        self.model.engine.cancel(self.seq)
+        return True
 
 
 class TritonPythonModel:
