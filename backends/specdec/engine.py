@@ -349,10 +349,15 @@ class Engine:
 
     # ---- helpers --------------------------------------------------------------------------
     def probe_forward(self, n: int) -> None:
-        """A target forward over n new tokens in slot 0 (start-up cost calibration; slot is free)."""
+        """A verification-shaped target forward in slot 0 (start-up cost calibration; the slot is
+        free): n new tokens after a typical context, logits for all of them, as a decode step does.
+        Leaving out the context or the logits made the target look 2x cheaper than it is, and the
+        policy then judged every proposer too expensive."""
         with torch.inference_mode():
+            start = min(256, self.max_context // 2)
             tokens = torch.zeros(1, n, dtype=torch.long, device=self.device)
-            self.target(tokens, torch.arange(n, device=self.device)[None], self.cache, [0], [0])
+            positions = start + torch.arange(n, device=self.device)[None]
+            self.target.logits(self.target(tokens, positions, self.cache, [0], [start])).argmax(-1).tolist()
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list["Result"]:
         """Run prompts to completion in this thread (the CLI, benchmark and tests use this)."""
