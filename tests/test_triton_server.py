@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import np_to_triton_dtype
 
-from specdec.client import main as client_main, request_inputs
+from specdec.client import grpc_tensors, main as client_main, request_inputs
 from specdec.engine_config import build_engine
 from specdec.sampling import SamplingParams
 from specdec.triton.config import engine_config_for
@@ -80,11 +79,7 @@ def grpc_request(url, model, inputs, parameters=None, timeout=120):
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result=None, error=None: responses.put((result, error)))
     try:
-        tensors = []
-        for name, array in inputs.items():
-            t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            t.set_data_from_numpy(array)
-            tensors.append(t)
+        tensors = grpc_tensors(inputs)
         client.async_stream_infer(model, tensors, parameters=parameters, enable_empty_final_response=True)
         chunks = []
         while True:
@@ -290,11 +285,7 @@ def test_cancelled_stream_frees_its_slot(served):
     client = grpcclient.InferenceServerClient(served.grpc_url)
     client.start_stream(callback=lambda result=None, error=None: responses.put((result, error)))
     inputs = request_inputs("def add(a, b):", max_tokens=LONG, ignore_eos=True, stream=True)
-    tensors = []
-    for name, array in inputs.items():
-        t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        t.set_data_from_numpy(array)
-        tensors.append(t)
+    tensors = grpc_tensors(inputs)
     client.async_stream_infer(SLOT1, tensors)
     result, error = responses.get(timeout=60)
     assert error is None
@@ -336,11 +327,7 @@ def test_cancelled_request_leaves_the_queue(served):
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(served.grpc_url)
         client.start_stream(callback=lambda result=None, error=None: responses.put((result, error)))
-        tensors = []
-        for name, array in inputs.items():
-            t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            t.set_data_from_numpy(array)
-            tensors.append(t)
+        tensors = grpc_tensors(inputs)
         client.async_stream_infer(SLOT1, tensors)
         return client, responses
     busy, busy_responses = open_stream(request_inputs("def", max_tokens=LONG, ignore_eos=True, stream=True))

@@ -88,19 +88,28 @@ def stream(url: str, model: str, inputs: dict[str, np.ndarray], protocol: str = 
     raise ClientError(f"protocol must be grpc or http, got {protocol!r}")
 
 
+def grpc_tensors(inputs: dict[str, np.ndarray]) -> list:
+    """Named numpy arrays -> tritonclient gRPC InferInputs (dtype names follow the arrays)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    tensors = []
+    for name, array in inputs.items():
+        t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    return tensors
+
+
 def _stream_grpc(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s: float) -> Iterator[Chunk]:
     import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+    from tritonclient.utils import InferenceServerException
 
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     try:
         client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
-        tensors = []
-        for name, array in inputs.items():
-            t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            t.set_data_from_numpy(array)
-            tensors.append(t)
+        tensors = grpc_tensors(inputs)
         client.async_stream_infer(model, tensors, request_id=uuid.uuid4().hex[:12], enable_empty_final_response=True)
         deadline = time.monotonic() + timeout_s
         while True:

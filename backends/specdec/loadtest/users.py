@@ -314,18 +314,13 @@ class GrpcStreamUser(_StreamingUser):
             self.client = None
 
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
-        import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        from ..client import request_inputs
+        from ..client import grpc_tensors, request_inputs
 
         if self.client is None:
             self._connect()
-        tensors = []
-        for name, array in request_inputs(body.pop("text_input"), **body).items():
-            t = grpcclient.InferInput(name, list(array.shape), _triton_dtype(array))
-            t.set_data_from_numpy(array)
-            tensors.append(t)
+        tensors = grpc_tensors(request_inputs(body.pop("text_input"), **body))
         rid = uuid.uuid4().hex[:16]
         self.client.async_stream_infer(model, tensors, request_id=rid, enable_empty_final_response=True)
         deadline = t0 + timeout
@@ -409,9 +404,3 @@ def _grpc_from_host(host: str | None) -> str:
         return "localhost:8001"
     name = host.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
     return f"{name}:8001"
-
-
-def _triton_dtype(array) -> str:
-    from tritonclient.utils import np_to_triton_dtype
-
-    return np_to_triton_dtype(array.dtype)
