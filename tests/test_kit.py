@@ -14,7 +14,7 @@ from specdec.kit import main
 from specdec.kit import train as kit_train
 from specdec.kit.build import build_kit, new_llama
 from specdec.kit.corpus import is_heldout, read_documents, split_documents
-from specdec.kit.evaluate import distinct_n
+from specdec.kit.evaluate import distinct_n, second_token_ceiling
 from specdec.kit.export import FOLDERS, verify_checksums
 from specdec.kit.profiles import EOS_ID, PROFILES, ModelShape, Stage
 from specdec.models.checkpoint import load_model
@@ -64,6 +64,12 @@ def test_tiny_kit_trains_end_to_end_and_loads(tiny_kit):
     assert figures["target_perplexity"] < 250
     for name in ("draft", "eagle", "medusa_head_1"):
         assert figures["agreement"][name] > 0.05, name
+    assert figures["agreement"]["medusa_head_1"] <= figures["medusa_head_1_ceiling"] <= 1.0
+    assert 0.0 < figures["engine"]["baseline"]["distinct_4"] <= 1.0
+    for method in ("draft", "eagle", "ngram"):
+        engine = figures["engine"][method]
+        assert engine["identical_to_baseline"], method  # greedy speculation is lossless on the kit too
+        assert 1.0 <= engine["mean_accepted_length"] <= 1 + engine["k"], method
     assert set(json.loads((out / "checksums.json").read_text())) >= {f"{n}/tokenizer.json" for n in FOLDERS}
 
 
@@ -91,6 +97,15 @@ def test_rerun_resumes_from_cache_and_evaluate_cli(tiny_kit):
     assert verify_checksums(out) == ["draft/config.json"]
 
 
+def test_partial_runs_train_chosen_stages_and_need_a_cached_target(tiny_kit, tmp_path):
+    out, cache, kit = tiny_kit
+    before = (out / "kit.json").read_text()
+    assert build_kit(PROFILES["tiny"], tmp_path / "unused", cache=cache, stages=("eagle", "medusa")) is None
+    assert not (tmp_path / "unused").exists() and (out / "kit.json").read_text() == before
+    with pytest.raises(SystemExit, match="target"):
+        build_kit(PROFILES["tiny"], tmp_path / "out", cache=tmp_path / "fresh", stages=("eagle",))
+
+
 def test_interrupted_stage_resumes_to_the_same_weights(tmp_path, monkeypatch):
     profile = PROFILES["tiny"]
     tokens = torch.randint(0, 64, (5000,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
@@ -99,7 +114,7 @@ def test_interrupted_stage_resumes_to_the_same_weights(tmp_path, monkeypatch):
 
     def train(cache: Path, stop_at: int | None) -> torch.nn.Module:
         model = new_llama(config, 0, "cpu")
-        ctx = kit_train.TrainContext(profile, tokens, cache, "cpu", compile=False, total_seconds=None)
+        ctx = kit_train.TrainContext(profile, tokens, cache, "cpu", compile=False, total_seconds=None, stages=frozenset({"t"}))
 
         def loss_fn(step: int) -> torch.Tensor:
             if step == stop_at:
@@ -128,6 +143,25 @@ def test_heldout_split_is_stable_and_disjoint():
     assert not {d.path for d in train} & {d.path for d in heldout}
     assert all(is_heldout(d.path, 5) for d in heldout)
     assert is_heldout("json/decoder.py", 5) == is_heldout("json/decoder.py", 5)
+
+
+def test_second_token_ceiling_matches_one_forward_per_candidate():
+    config = ModelShape(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64).config(24, 64)
+    model = new_llama(config, 3, "cpu").eval()
+    for p in model.parameters():  # sharper distributions than the N(0, 0.02) init gives
+        p.data.mul_(6.0)
+    windows = torch.randint(0, 24, (2, 14), generator=torch.Generator().manual_seed(2))
+    k, expected = 3, []
+    with torch.no_grad():
+        for window in windows:
+            x = window[:-1]
+            for t in range(x.numel() - 1):
+                p, cand = model.logits(model(x[None, : t + 1]))[0, -1].softmax(-1).topk(k)
+                picks = [int(model.logits(model(torch.cat([x[: t + 1], c[None]])[None]))[0, -1].argmax()) for c in cand]
+                best = max(sum(float(p[j]) for j in range(k) if picks[j] == y) for y in picks)
+                expected.append(best + 1 - float(p.sum()))
+    assert second_token_ceiling(model, windows, k) == pytest.approx(sum(expected) / len(expected), abs=1e-4)
+    assert 0.0 < sum(expected) / len(expected) < 1.0
 
 
 def test_distinct_4_flags_loops():

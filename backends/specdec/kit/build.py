@@ -12,6 +12,7 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..models.llama import LlamaForCausalLM
 from .corpus import encode_documents, read_documents, split_documents, stdlib_root
 from .evaluate import evaluate_kit
 from .export import FOLDERS, export_kit, folder_bytes, write_checksums
-from .profiles import EOS_ID, Profile
+from .profiles import EOS_ID, STAGE_ORDER, Profile
 from .tokenizer_train import train_tokenizer
 from .train import TrainContext, init_medusa, train_draft, train_eagle, train_medusa, train_target
 
@@ -97,9 +98,13 @@ def param_count(module: nn.Module) -> int:
 
 def build_kit(
     profile: Profile, out: Path, cache: Path | None = None, minutes: float | None = None, device: str = "cpu",
-    compile: bool | None = None,
-) -> dict[str, Any]:
-    """Train (or resume) every stage within `minutes` in total, then export to `out` and evaluate."""
+    compile: bool | None = None, stages: Collection[str] = STAGE_ORDER,
+) -> dict[str, Any] | None:
+    """Train (or resume) every stage within `minutes` in total, then export to `out` and evaluate.
+
+    With `stages` a subset, only those stages train (the rest load from the cache) and nothing is
+    exported (returns None): parallel processes may share one cache, one stage set each.
+    """
     started = time.monotonic()
     cache = cache or default_cache(profile)
     claim_cache(cache, profile)
@@ -109,7 +114,7 @@ def build_kit(
     ctx = TrainContext(
         profile=profile, tokens=torch.from_numpy(tokens.astype(np.int32)), cache=cache, device=device,
         compile=profile.compile if compile is None else compile,
-        total_seconds=None if total_minutes is None else total_minutes * 60,
+        total_seconds=None if total_minutes is None else total_minutes * 60, stages=frozenset(stages),
     )
     max_positions = profile.seq_len * 2
     target_config = profile.target.config(vocab, max_positions)
@@ -117,20 +122,27 @@ def build_kit(
     results = {"target": train_target(target, ctx)}
     target_step = results["target"].steps
 
-    draft = new_llama(profile.draft.config(vocab, max_positions), profile.seed + 1, device)
-    results["draft"] = train_draft(draft, target, target_step, ctx)
+    partial = set(stages) != set(STAGE_ORDER)  # train only the chosen learners, export nothing
+    if not partial or "draft" in stages:
+        draft = new_llama(profile.draft.config(vocab, max_positions), profile.seed + 1, device)
+        results["draft"] = train_draft(draft, target, target_step, ctx)
 
-    torch.manual_seed(profile.seed + 2)
-    eagle_config = LlamaConfig(**{**target_config.__dict__, "num_hidden_layers": 1})
-    eagle = EagleHead(eagle_config).to(device)
-    init_weights(eagle, 1)
-    results["eagle"] = train_eagle(eagle, target, target_step, ctx)
+    if not partial or "eagle" in stages:
+        torch.manual_seed(profile.seed + 2)
+        eagle_config = LlamaConfig(**{**target_config.__dict__, "num_hidden_layers": 1})
+        eagle = EagleHead(eagle_config).to(device)
+        init_weights(eagle, 1)
+        results["eagle"] = train_eagle(eagle, target, target_step, ctx)
 
-    torch.manual_seed(profile.seed + 3)
-    medusa = MedusaHeads(target_config.hidden_size, vocab, profile.medusa_heads, num_layers=1).to(device)
-    init_medusa(medusa, target)
-    results["medusa"] = train_medusa(medusa, target, target_step, ctx)
+    if not partial or "medusa" in stages:
+        torch.manual_seed(profile.seed + 3)
+        medusa = MedusaHeads(target_config.hidden_size, vocab, profile.medusa_heads, num_layers=1).to(device)
+        init_medusa(medusa, target)
+        results["medusa"] = train_medusa(medusa, target, target_step, ctx)
 
+    if partial:
+        print(f"trained {', '.join(sorted(stages))}; run without --stages to export and evaluate", flush=True)
+        return None
     for module in (target, draft, eagle, medusa):
         module.to("cpu")
     export_kit(out, tok_path, target, draft, medusa, eagle, max_positions)

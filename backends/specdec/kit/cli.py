@@ -11,7 +11,7 @@ import torch
 from .build import build_kit
 from .evaluate import evaluate_kit
 from .export import write_checksums
-from .profiles import PROFILES
+from .profiles import PROFILES, STAGE_ORDER
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -26,6 +26,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     b.add_argument("--threads", type=int, help="torch CPU threads (1 keeps a core free on a shared 2-core box)")
     b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the training steps (profile default: demo yes, tiny no)")
+    b.add_argument("--stages", type=lambda v: v.split(","), default=list(STAGE_ORDER),
+                   help="comma-separated stages to train now (others load from the cache; no export unless all)")
     e = sub.add_parser("evaluate", help="recompute held-out figures of an exported kit into its kit.json")
     e.add_argument("kit", type=Path)
     return parser.parse_args(argv)
@@ -38,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         if args.device == "cuda":
             torch.set_float32_matmul_precision("high")
-        kit = build_kit(PROFILES[args.profile], args.out, args.cache, args.minutes, args.device, args.compile)
+        unknown = set(args.stages) - set(STAGE_ORDER)
+        if unknown:
+            raise SystemExit(f"unknown stages {sorted(unknown)}; choose from {', '.join(STAGE_ORDER)}")
+        kit = build_kit(PROFILES[args.profile], args.out, args.cache, args.minutes, args.device, args.compile, args.stages)
+        if kit is None:
+            return 0
     else:
         evaluate_kit(args.kit)
         write_checksums(args.kit)

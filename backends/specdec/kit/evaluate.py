@@ -6,6 +6,11 @@
 - teacher-forced top-1 agreement with the target on held-out text: how often the draft, the EAGLE
   head (fed the target's features) and each Medusa head pick the token the target would pick.
   Greedy speculative decoding accepts exactly such agreements, so these bound acceptance.
+- the ceiling for Medusa head 1 on that text: it sees x_{<=t} but the target's pick at t+1 also
+  depends on x_{t+1}, so not even a perfect head reaches 1.0 (see `second_token_ceiling`).
+- through the serving engine: mean accepted length per verification round at fixed k=4, greedy,
+  on the held-out `def` prompts, with the outputs' distinct-4 and a prompt-lookup row beside it,
+  so that acceptance bought by repetition reads as such (`engine_acceptance`).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from typing import Any
 
 import torch
 
+from ..engine_config import EngineConfig, build_engine
 from ..models.checkpoint import load_model
 from ..models.heads import EagleHead, MedusaHeads
 from ..models.llama import LlamaForCausalLM
 from ..models.tokenizer import Tokenizer
+from ..sampling import SamplingParams
 from .corpus import Document, eval_windows, read_documents, split_documents
 from .profiles import PROFILES, Profile
 
@@ -29,6 +36,9 @@ from .profiles import PROFILES, Profile
 # the next line starts at column 0 (the prompt-boundary problem), and a function body never follows.
 SAMPLE_PROMPT = 'import os\n\n\ndef list_python_files(directory):\n    """Return the paths of the .py files under directory."""'
 EVAL_BATCH = 8
+CEILING_CANDIDATES = 8
+ENGINE_METHODS = ("draft", "eagle", "ngram")
+ENGINE_K = 4
 
 
 def heldout_tokens(profile: Profile, tokenizer: Tokenizer) -> tuple[torch.Tensor, list[Document]]:
@@ -108,6 +118,57 @@ def teacher_forced(
     }
 
 
+@torch.no_grad()
+def second_token_ceiling(target: LlamaForCausalLM, windows: torch.Tensor, k: int = CEILING_CANDIDATES) -> float:
+    """Estimated best agreement any head seeing only x_{<=t} can reach with the target's top-1 at t+1.
+
+    Under the target's own p(x_{t+1} | x_{<=t}), the best such a head can do is to name the
+    t+1 argmax that carries the most probability mass over the candidates for x_{t+1}. Candidates
+    outside the top k count as agreeing, so this errs high. One forward per window: the k
+    candidates of every position ride along as tree leaves at position t+1 that see x_{<=t}.
+    """
+    agreed = 0.0
+    for window in windows:
+        x = window[:-1]
+        T = x.numel()
+        p, cand = target.logits(target(x[None]))[0, : T - 1].softmax(-1).topk(k, -1)  # [T-1, k]
+        parent = torch.arange(T - 1).repeat_interleave(k)  # the last original token each leaf sees
+        N = T + parent.numel()
+        mask = torch.ones(T, N, dtype=torch.bool).tril()
+        leaves = torch.arange(N)[None, :] <= parent[:, None]
+        leaves[torch.arange(parent.numel()), torch.arange(T, N)] = True
+        mask = torch.cat([mask, leaves])
+        tokens = torch.cat([x, cand.flatten()])[None]
+        positions = torch.cat([torch.arange(T), parent + 1])[None]
+        hidden = target(tokens, positions, target.new_cache(1, N), [0], [0], mask[None])
+        picks = target.logits(hidden[0, T:]).argmax(-1).view(T - 1, k)
+        mass = ((picks[:, :, None] == picks[:, None, :]) * p[:, None, :]).sum(-1)  # mass behind each leaf's pick
+        agreed += float((mass.max(-1).values + 1 - p.sum(-1)).sum())
+    return round(agreed / (windows.shape[0] * (windows.shape[1] - 2)), 4)
+
+
+def engine_acceptance(out: Path, prompts: list[list[int]], new_tokens: int) -> dict[str, dict[str, Any]]:
+    """Greedy decoding of `prompts` through the engine at fixed k: what each drafter buys per round."""
+    params = SamplingParams(max_tokens=new_tokens)
+    folders = {"target": str(out / "target"), "draft": str(out / "draft"), "eagle": str(out / "eagle")}
+    baseline = build_engine(EngineConfig(**folders, method="baseline")).generate(prompts, params)
+    expected = [r.token_ids for r in baseline]
+    figures: dict[str, dict[str, Any]] = {
+        "baseline": {"distinct_4": round(sum(map(distinct_n, expected)) / len(expected), 4)}}
+    for method in ENGINE_METHODS:
+        engine = build_engine(EngineConfig(**folders, method=method, k=ENGINE_K, adaptive=False))
+        results = engine.generate(prompts, params)
+        stats = [r.stats for r in results]
+        rounds = sum(s.steps - 1 for s in stats)
+        figures[method] = {
+            "k": ENGINE_K,
+            "mean_accepted_length": round(sum(s.output_tokens - 1 for s in stats) / max(rounds, 1), 3),
+            "acceptance_rate": round(sum(s.accepted_tokens for s in stats) / max(1, sum(s.draft_tokens for s in stats)), 4),
+            "identical_to_baseline": [r.token_ids for r in results] == expected,
+        }
+    return figures
+
+
 def evaluate_kit(out: Path) -> dict[str, Any]:
     """Compute the figures for the kit in `out` and record them in its kit.json (returned too)."""
     kit = json.loads((out / "kit.json").read_text())
@@ -118,15 +179,16 @@ def evaluate_kit(out: Path) -> dict[str, Any]:
     target, draft = load_model(out / "target"), load_model(out / "draft")
     medusa, eagle = MedusaHeads.load(out / "medusa"), EagleHead.load(out / "eagle")
     tokens, docs = heldout_tokens(profile, tokenizer)
-    figures = teacher_forced(target, draft, medusa, eagle, eval_windows(tokens, profile.eval_windows, profile.seq_len))
-    completions = []
-    for prompt in function_prompts(docs, profile.eval_prompts):
-        ids = greedy(target, tokenizer.encode(prompt)[-(profile.seq_len // 2) :], profile.eval_new_tokens, tokenizer.eos_ids)
-        completions.append(ids)
+    windows = eval_windows(tokens, profile.eval_windows, profile.seq_len)
+    figures = teacher_forced(target, draft, medusa, eagle, windows)
+    figures["medusa_head_1_ceiling"] = second_token_ceiling(target, windows)
+    prompts = [tokenizer.encode(p)[-(profile.seq_len // 2) :] for p in function_prompts(docs, profile.eval_prompts)]
+    completions = [greedy(target, ids, profile.eval_new_tokens, tokenizer.eos_ids) for ids in prompts]
     sample_ids = greedy(target, tokenizer.encode(SAMPLE_PROMPT), profile.eval_new_tokens * 2, tokenizer.eos_ids)
     figures["greedy_prompts"] = len(completions)
     figures["distinct_4"] = round(sum(map(distinct_n, completions)) / max(1, len(completions)), 4)
     figures["greedy_sample"] = {"prompt": SAMPLE_PROMPT, "completion": tokenizer.decode(sample_ids)}
+    figures["engine"] = engine_acceptance(out, prompts, profile.eval_new_tokens)
     kit["eval"] = figures
     (out / "kit.json").write_text(json.dumps(kit, indent=2) + "\n")
     return figures

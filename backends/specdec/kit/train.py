@@ -55,6 +55,7 @@ class TrainContext:
     device: str
     compile: bool
     total_seconds: float | None  # None: stages stop at their step limits only
+    stages: frozenset[str]  # the stages this run trains; the others come from the cache as they are
 
     def budget(self, stage: Stage) -> float | None:
         return None if self.total_seconds is None else self.total_seconds * stage.time_share
@@ -89,7 +90,11 @@ def run_stage(
     name: str, module: nn.Module, loss_fn: Callable[[int], Tensor], stage: Stage, ctx: TrainContext,
     key: dict[str, Any],
 ) -> StageResult:
-    """Train `module` (its trainable parameters) on `loss_fn(step)` until the stage's steps or seconds run out."""
+    """Train `module` (its trainable parameters) on `loss_fn(step)` until the stage's steps or seconds run out.
+
+    A stage left out of `ctx.stages` only loads its cached checkpoint: that is how two processes
+    train different stages of one kit at once (one per core).
+    """
     path = ctx.cache / f"{name}.pt"
     opt = make_optimizer(module, stage.lr)
     step, seconds, loss_value = 0, 0.0, float("nan")
@@ -104,6 +109,11 @@ def run_stage(
             print(f"[{name}] resuming at step {step} ({seconds / 60:.1f} min trained)", flush=True)
         else:
             print(f"[{name}] checkpoint was trained against {state['key']}, now {key}: restarting", flush=True)
+    if name not in ctx.stages:
+        if step == 0:
+            raise SystemExit(f"stage {name!r} is not trained in this run and {path} holds no usable checkpoint")
+        module.eval()
+        return StageResult(name, step, seconds, step * stage.batch * ctx.profile.seq_len, ema)
     budget = ctx.budget(stage)
 
     def progress() -> float:
