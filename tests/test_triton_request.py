@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec.errors import ConfigurationError, InvalidRequest
-from specdec.triton.config import engine_config, engine_config_for, read_parameters
+from specdec.triton.config import engine_config, engine_config_for, placed, read_parameters
 from specdec.triton.repository import MODELS, main as build_repo_main, write_repository
 from specdec.triton.request import DEFAULT_MAX_TOKENS, parse
 
@@ -80,6 +80,20 @@ def test_engine_config_from_parameters(tmp_path):
         engine_config({"target": "x", "k": "four"}, tmp_path)
     with pytest.raises(ConfigurationError, match="target"):
         engine_config({"method": "baseline"}, tmp_path)
+
+
+def test_gpu_repository_places_each_instance_on_its_gpu(tmp_path):
+    (tmp_path / "t").mkdir()
+    write_repository(tmp_path / "repo", tmp_path / "t", models=["baseline"], device="cuda", dtype="bfloat16")
+    folder = tmp_path / "repo" / "baseline"
+    assert "kind: KIND_GPU" in (folder / "config.pbtxt").read_text()
+    cfg = engine_config_for(folder)
+    assert placed(cfg, "GPU", 1).device == "cuda:1" and placed(cfg, "CPU", 0).device == "cuda"
+    write_repository(tmp_path / "cpu", tmp_path / "t", models=["baseline"])
+    cpu = engine_config_for(tmp_path / "cpu" / "baseline")
+    assert "kind: KIND_CPU" in (tmp_path / "cpu" / "baseline" / "config.pbtxt").read_text()
+    with pytest.raises(ConfigurationError, match="device"):
+        placed(cpu, "GPU", 0)
 
 
 def test_repository_round_trip(tmp_path):

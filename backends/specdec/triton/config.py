@@ -4,7 +4,7 @@ tests and the benchmark build the same engine in-process from the same config fi
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from ..engine_config import EngineConfig
@@ -67,6 +67,15 @@ def engine_config(parameters: dict[str, str], model_dir: str | Path) -> EngineCo
     if "target" not in values:
         raise ConfigurationError("model parameter 'target' (the target checkpoint folder) is required")
     return EngineConfig(**values)
+
+
+def placed(config: EngineConfig, instance_kind: str, device_id: int | str) -> EngineConfig:
+    """A GPU instance runs on the GPU Triton gave it (`cuda` in the config names no index)."""
+    if instance_kind == "GPU":
+        if not config.device.startswith("cuda"):
+            raise ConfigurationError(f"instance kind GPU but parameter device={config.device!r}; set device to cuda")
+        return replace(config, device=f"cuda:{device_id}")
+    return config
 
 
 def resolve_path(raw: str, model_dir: Path) -> str:

@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..engine_config import build_engine
 from ..errors import ConfigurationError, SpecdecError
-from .config import backend_options, engine_config
+from .config import backend_options, engine_config, placed
 from .metrics import Metrics, RequestTimer
 from .request import ParsedRequest, parse
 
@@ -131,7 +131,8 @@ class TritonPythonModel:
             raise ConfigurationError(f"{self.name}: the specdec backend needs model_transaction_policy "
                                      "{ decoupled: true }")
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.config = engine_config(parameters, args["model_repository"])
+        self.config = placed(engine_config(parameters, args["model_repository"]),
+                             args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
         self.stream_interval = backend_options(parameters)["stream_interval"]
         self.engine = build_engine(self.config)
         self.metrics = Metrics(pb_utils, self.name, self.engine)

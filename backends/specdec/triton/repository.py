@@ -28,6 +28,9 @@ ENGINE_DEFAULTS = {"k": 4, "policy": "adaptive", "max_batch": 8, "max_context": 
 
 
 def config_pbtxt(name: str, parameters: dict[str, object], instances: int = 1) -> str:
+    """The device parameter picks the instance kind: on KIND_GPU Triton gives each instance a GPU
+    and the backend moves the engine to it (`config.placed`)."""
+    kind = "KIND_GPU" if str(parameters.get("device", "cpu")).startswith("cuda") else "KIND_CPU"
     def tensor(f, is_input: bool) -> str:
         opt = "\n    optional: true" if is_input and f.optional else ""
         return f'  {{\n    name: "{f.name}"\n    data_type: {f.dtype}\n    dims: {f.dims}{opt}\n  }}'
@@ -39,7 +42,7 @@ def config_pbtxt(name: str, parameters: dict[str, object], instances: int = 1) -
         f'model_transaction_policy {{ decoupled: true }}\n'
         f'input [\n{",".join(chr(10) + tensor(f, True) if i else tensor(f, True) for i, f in enumerate(INPUTS))}\n]\n'
         f'output [\n{",".join(chr(10) + tensor(f, False) if i else tensor(f, False) for i, f in enumerate(OUTPUTS))}\n]\n'
-        f'instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n'
+        f'instance_group [ {{ count: {instances} kind: {kind} }} ]\n'
         f'parameters [\n{params}\n]\n'
     )
 
@@ -104,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=ENGINE_DEFAULTS["max_batch"], help="KV slots per instance")
     ap.add_argument("--max-context", type=int, default=ENGINE_DEFAULTS["max_context"])
     ap.add_argument("--queue-timeout-s", type=float, default=ENGINE_DEFAULTS["queue_timeout_s"])
-    ap.add_argument("--dtype", default=ENGINE_DEFAULTS["dtype"])
+    ap.add_argument("--dtype", default=ENGINE_DEFAULTS["dtype"], help="float32, bfloat16 or float16 (GPU)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=ENGINE_DEFAULTS["device"],
+                    help="cuda: KIND_GPU instances, the engine on the GPU Triton assigns")
     ap.add_argument("--threads", type=int, default=ENGINE_DEFAULTS["threads"], help="torch threads per instance")
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="tokens per streamed response at least (1 = every engine step)")
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         names = write_repository(
             args.out, args.target, args.draft, args.medusa, args.eagle, args.models, args.prefix, args.absolute,
             k=args.k, policy=args.policy, max_batch=args.max_batch, max_context=args.max_context,
-            queue_timeout_s=args.queue_timeout_s, dtype=args.dtype, threads=args.threads,
+            queue_timeout_s=args.queue_timeout_s, dtype=args.dtype, device=args.device, threads=args.threads,
             stream_interval=args.stream_interval,
             medusa_tree=args.medusa_tree, eagle_tree=args.eagle_tree)
     except ValueError as exc:
