@@ -42,3 +42,17 @@ def test_adaptive_policy_keeps_greedy_identity(setup):
     eng = build_engine(EngineConfig(method="eagle", dtype="float64", adaptive=True, max_batch=4, k=6, **paths))
     results = eng.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
     assert [r.token_ids for r in results] == ref
+
+
+@pytest.mark.slow
+def test_adaptive_policy_reproduces_seeded_sampling_in_any_batch(setup):
+    """Seeded sampled requests keep a fixed draft length under the adaptive policy: the same
+    output alone and among other requests (whose presence changes what the policy picks)."""
+    paths, prompts, _ = setup
+    params = SamplingParams(max_tokens=24, temperature=0.9, seed=11, ignore_eos=True)
+    alone = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=True, max_batch=4, k=4, **paths))
+    [ref] = alone.generate(prompts[:1], params)
+    busy = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=True, max_batch=4, k=4, **paths))
+    others = SamplingParams(max_tokens=24, ignore_eos=True)
+    results = busy.generate(prompts[:4], [params, others, others, others])
+    assert results[0].token_ids == ref.token_ids

@@ -158,3 +158,12 @@ def test_draft_cost_ignores_catch_up_and_preempted_proposals():
     for i in range(40):
         p.observe_draft_time(0.5 if i % 5 else 1.5, 4, caught_up=3)  # one in five preempted
     assert abs(p.cost.draft(4) - 0.5) < 1e-9
+
+
+def test_seeded_sampled_requests_keep_their_cap_under_load():
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(6, 0.6) + seqs(1, 0.6, temperature=0.8, seed=3) + seqs(1, 0.6, temperature=0.8, seed=4,
+                                                                       num_draft_tokens=2)
+    batch += seqs(1, 0.6, temperature=0.8) + seqs(1, 0.6, seed=5)  # unseeded sampling; seeded greedy
+    assert p.choose(batch) == [0] * 6 + [4, 2, 0, 0]

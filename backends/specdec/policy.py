@@ -15,7 +15,9 @@ batch, so at high load, where verify time grows with every extra token, k falls,
 (speculation off). A sequence whose alpha collapses gets k = 0 on its own; its alpha then
 drifts back towards the engine-wide acceptance, so it is retried later. New sequences start at
 the engine-wide acceptance (acceptance is mostly a property of the proposer and the workload),
-so a well-measured proposer is not switched off for every newcomer.
+so a well-measured proposer is not switched off for every newcomer. Seeded sampled requests
+keep their cap (the request's num_draft_tokens or the model's k): their random numbers are drawn
+per draft position, so only a fixed schedule makes a seed reproduce under load.
 """
 
 from __future__ import annotations
@@ -142,19 +144,25 @@ class Policy:
             return caps
         self.steps += 1
         on = [s.acceptance >= COLLAPSE_ALPHA for s in seqs]
+        # a seeded sampled request draws its random numbers per draft position, so its output
+        # depends on its k schedule: it keeps its cap, and reproduces whatever the load
+        pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
+
+        def pick(k: int) -> list[int]:
+            return [c if p else min(k, c) if o else 0 for c, o, p in zip(caps, on, pinned)]
+
         best_k, best_rate = 0, 0.0
         for k in self.candidates:
-            ks = [min(k, c) if o else 0 for c, o in zip(caps, on)]
+            ks = pick(k)
             depth_cost = self.depth_for(max(ks)) if max(ks) > 0 else 0
             seconds = self.cost.verify(sum(1 + kk for kk in ks)) + self.cost.draft(depth_cost)
             tokens = sum(expected_tokens(s.acceptance, self.depth_for(kk)) if kk else 1.0
                          for s, kk in zip(seqs, ks))
             if tokens / seconds > best_rate:
                 best_k, best_rate = k, tokens / seconds
-        ks = [min(best_k, c) if o else 0 for c, o in zip(caps, on)]
         if self.steps % (PROBE_EVERY * len(seqs)) == 0:
-            ks = caps
-        return ks
+            return caps
+        return pick(best_k)
 
     def admit(self, seq: Sequence) -> None:
         seq.accepted_n = seq.rejected_n = 0.0
