@@ -60,7 +60,7 @@ def test_collapsed_sequence_turns_off_alone_and_recovers():
         p.observe(bad, 4, 0)
     assert bad.acceptance < COLLAPSE_ALPHA
     assert p.choose([good, bad]) == [4, 0]
-    p.steps = 2 * PROBE_EVERY - 1  # an occasional probe at full depth keeps its estimate current
+    p.steps = 2 * PROBE_EVERY - 1  # an occasional probe keeps its estimate current
     assert p.choose([good, bad]) == [4, 4]
     steps = 0
     while p.choose([good, bad])[1] == 0:
@@ -167,3 +167,12 @@ def test_seeded_sampled_requests_keep_their_cap_under_load():
                                                                        num_draft_tokens=2)
     batch += seqs(1, 0.6, temperature=0.8) + seqs(1, 0.6, seed=5)  # unseeded sampling; seeded greedy
     assert p.choose(batch) == [0] * 6 + [4, 2, 0, 0]
+
+
+def test_probes_go_one_candidate_deeper_than_the_pick():
+    p = Policy(max_k=61, adaptive=True, depth_for=lambda k: min(k, 5))  # a 61-node tree
+    p.cost = compute_bound()
+    batch = seqs(8, 0.6)
+    assert p.choose(batch) == [0] * 8
+    p.steps = 2 * PROBE_EVERY * 8 - 1
+    assert p.choose(batch) == [1] * 8  # not 61 nodes each: a probe must stay cheap at high load

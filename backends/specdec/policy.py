@@ -38,8 +38,9 @@ ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samp
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve
 PROBE_EVERY = 16  # every this many steps times the batch size (a probe costs more in a big batch),
-# one step drafts every sequence to its cap: it measures the acceptance of sequences that stopped,
-# and the verify and proposal costs of the deepest drafts, which the policy otherwise only guesses
+# one step drafts every sequence one candidate k deeper than the policy's pick: it measures the
+# acceptance of sequences that stopped, and the verify and proposal costs just beyond the pick,
+# which the policy otherwise only guesses (so a cost over-estimated once can be corrected)
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -107,7 +108,7 @@ class CostModel:
         return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
 
     @classmethod
-    def measure(cls, forward: Callable[[int], None], max_tokens: int, repeats: int = 3) -> "CostModel":
+    def measure(cls, forward: Callable[[int], None], max_tokens: int, repeats: int = 5) -> "CostModel":
         counts = [1]
         while counts[-1] < max_tokens:
             counts.append(min(counts[-1] * 2, max_tokens))
@@ -160,8 +161,9 @@ class Policy:
                          for s, kk in zip(seqs, ks))
             if tokens / seconds > best_rate:
                 best_k, best_rate = k, tokens / seconds
-        if self.steps % (PROBE_EVERY * len(seqs)) == 0:
-            return caps
+        if self.steps % (PROBE_EVERY * len(seqs)) == 0:  # every sequence, one candidate deeper
+            probe = self.candidates[min(self.candidates.index(best_k) + 1, len(self.candidates) - 1)]
+            return [c if p else min(probe, c) for c, p in zip(caps, pinned)]
         return pick(best_k)
 
     def admit(self, seq: Sequence) -> None:
