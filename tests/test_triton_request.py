@@ -82,6 +82,16 @@ def test_engine_config_from_parameters(tmp_path):
         engine_config({"method": "baseline"}, tmp_path)
 
 
+def test_spec_eagle_is_eagle1_unless_a_tree_is_given(tmp_path):
+    for name in ("t", "e"):
+        (tmp_path / name).mkdir()
+    write_repository(tmp_path / "a", tmp_path / "t", eagle=tmp_path / "e", models=["spec_eagle"])
+    assert read_parameters(tmp_path / "a" / "spec_eagle" / "config.pbtxt")["method"] == "eagle"
+    write_repository(tmp_path / "b", tmp_path / "t", eagle=tmp_path / "e", models=["spec_eagle"], eagle_tree="4,5,24")
+    params = read_parameters(tmp_path / "b" / "spec_eagle" / "config.pbtxt")
+    assert (params["method"], params["eagle_tree"]) == ("eagle2", "4,5,24")
+
+
 def test_gpu_repository_places_each_instance_on_its_gpu(tmp_path):
     (tmp_path / "t").mkdir()
     write_repository(tmp_path / "repo", tmp_path / "t", models=["baseline"], device="cuda", dtype="bfloat16")

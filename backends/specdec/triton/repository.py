@@ -1,7 +1,7 @@
 """Write a Triton model repository for a set of Hugging Face checkpoints (`specdec build-repo`).
 
 One model per configuration, side by side for A/B: `baseline` (no speculation), `spec_draft`,
-`spec_medusa`, `spec_eagle` (EAGLE-2 dynamic tree), `spec_ngram`. Each is a `config.pbtxt` for the
+`spec_medusa`, `spec_eagle` (EAGLE-1 chain; `--eagle-tree` serves the EAGLE-2 dynamic tree), `spec_ngram`. Each is a `config.pbtxt` for the
 decoupled specdec backend whose parameters name the checkpoint folders (relative to the config's
 folder when they can be) and the engine settings, plus an empty version folder `1/`.
 """
@@ -20,7 +20,7 @@ MODELS = {
     "baseline": ("baseline", ()),
     "spec_draft": ("draft", ("draft",)),
     "spec_medusa": ("medusa", ("medusa",)),
-    "spec_eagle": ("eagle2", ("eagle",)),
+    "spec_eagle": ("eagle", ("eagle",)),  # EAGLE-1: beat EAGLE-2 on CPU at batch 1 and 8 (README)
     "spec_ngram": ("ngram", ()),
 }
 ENGINE_DEFAULTS = {"k": 4, "policy": "adaptive", "max_batch": 8, "max_context": 1024, "queue_timeout_s": 60.0,
@@ -67,6 +67,8 @@ def write_repository(
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
         method, needs = MODELS[model]
+        if method == "eagle" and settings.get("eagle_tree"):  # a tree asks for EAGLE-2
+            method = "eagle2"
         missing = [n for n in needs if not folders[n]]
         if missing:
             raise ValueError(f"{model} needs --{missing[0]}")
@@ -78,8 +80,6 @@ def write_repository(
         for key in ("target", *needs):
             params[key] = _path(folders[key], model_dir, absolute)
         params.update(settings)
-        if method == "eagle2":  # show the tree in the config (the engine's default otherwise)
-            params.setdefault("eagle_tree", "4,5,24")
         (model_dir / "config.pbtxt").write_text(config_pbtxt(name, params))
         written.append(name)
     return written
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="tokens per streamed response at least (1 = every engine step)")
     ap.add_argument("--medusa-tree", help="JSON list of top-k index paths (default mc_sim_7b_63)")
-    ap.add_argument("--eagle-tree", help="EAGLE-2 top_k,depth,total_tokens (default 4,5,24)")
+    ap.add_argument("--eagle-tree", help="serve spec_eagle as EAGLE-2 with this top_k,depth,total_tokens tree (e.g. 4,5,24)")
     ap.add_argument("--absolute", action="store_true", help="write absolute checkpoint paths")
     args = ap.parse_args(argv)
     for key in ("target", "draft", "medusa", "eagle"):
