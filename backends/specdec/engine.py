@@ -257,12 +257,8 @@ class Engine:
         m.verify_seconds += t2 - t1
         m.verify_tokens += sum(len(d) + 1 for d in drafts)
         depth_drafted = max((max(d.depths()) for d in drafts if len(d)), default=0)
-        caught_up = max((len(s.tokens) - s.proposed_at for s, k in zip(seqs, ks) if k > 0), default=0)
-        self.policy.observe_draft_time(t1 - t0, depth_drafted, caught_up)
+        self.policy.observe_proposal(seqs, ks, t1 - t0, depth_drafted)
         self.policy.observe_verify_time(t2 - t1, B * T)
-        for s, k in zip(seqs, ks):
-            if k > 0:
-                s.proposed_at = len(s.tokens)
         argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             eos_blocked = seq.params.min_tokens - len(seq.output_ids)

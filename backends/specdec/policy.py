@@ -1,23 +1,24 @@
 """How many tokens to draft this step, per sequence: fixed, or adaptive to acceptance and batch load.
 
 Adaptive: each sequence keeps an estimate alpha of its per-token acceptance, the geometric MLE
-accepted / (accepted + rejections) over its recent rounds (counts decay 5% per round) plus a
-prior of PRIOR_TRIALS pseudo-trials at the engine-wide acceptance. (An average of per-round
-ratios, used before, let one fully rejected round after ten accepted ones switch a sequence off.) A draft of depth d then commits on average
-(1 - alpha^(d+1)) / (1 - alpha) tokens. The step's cost is the target's verify time for the
-batch's total tokens (calibrated at start-up over token counts, then corrected by every real
-step's timing: one preempted calibration timing on a busy machine once made 2 tokens look 3x the
-cost of 1, and speculation never started) plus the proposer's time, fixed + per_level * depth,
-fitted online by least squares over recent proposals. Proposals that caught up on tokens
-committed during a pause (model drafters feed them first) are not samples of that cost: counting
-them made every pause longer than the last. The policy picks the k that maximizes committed tokens per second over the
-batch, so at high load, where verify time grows with every extra token, k falls, down to 0
-(speculation off). A sequence whose alpha collapses gets k = 0 on its own; its alpha then
-drifts back towards the engine-wide acceptance, so it is retried later. New sequences start at
-the engine-wide acceptance (acceptance is mostly a property of the proposer and the workload),
-so a well-measured proposer is not switched off for every newcomer. Seeded sampled requests
-keep their cap (the request's num_draft_tokens or the model's k): their random numbers are drawn
-per draft position, so only a fixed schedule makes a seed reproduce under load.
+accepted / (accepted + rejections) over its recent rounds (counts decay 5% per round) plus a prior
+of PRIOR_TRIALS pseudo-trials at the engine-wide acceptance. (An average of per-round ratios, used
+before, let one fully rejected round after ten accepted ones switch a sequence off.) A draft of
+depth d then commits on average (1 - alpha^(d+1)) / (1 - alpha) tokens. The step's cost is the
+target's verify time for the batch's total tokens (calibrated at start-up over token counts, then
+corrected by every real step's timing: one preempted calibration timing on a busy machine once made
+2 tokens look 3x the cost of 1, and speculation never started) plus the proposer's time, fixed +
+per_level * depth, fitted online by least squares over the median time per depth of recent
+proposals. Proposals that caught up on tokens committed during a pause (model drafters feed them
+first) are not samples of that cost: counting them made every pause longer than the last. The
+policy picks the k that maximizes committed tokens per second over the batch, so at high load,
+where verify time grows with every extra token, k falls, down to 0 (speculation off). A sequence
+whose alpha collapses gets k = 0 on its own; its alpha then drifts back towards the engine-wide
+acceptance, so it is retried later. New sequences start at the engine-wide acceptance (acceptance
+is mostly a property of the proposer and the workload), so a well-measured proposer is not switched
+off for every newcomer. Seeded sampled requests keep their cap (the request's num_draft_tokens or
+the model's k): their random numbers are drawn per draft position, so only a fixed schedule makes a
+seed reproduce under load.
 """
 
 from __future__ import annotations
@@ -181,6 +182,13 @@ class Policy:
             self.alpha += ENGINE_SMOOTHING * (accepted / (accepted + rejections) - self.alpha)
         trials = seq.accepted_n + seq.rejected_n + PRIOR_TRIALS
         seq.acceptance = (seq.accepted_n + PRIOR_TRIALS * self.alpha) / trials
+
+    def observe_proposal(self, seqs: list[Sequence], ks: list[int], seconds: float, depth: int) -> None:
+        """A step's proposal over `seqs` with draft lengths `ks` took `seconds` to reach `depth`."""
+        drafted = [s for s, k in zip(seqs, ks) if k > 0]
+        self.observe_draft_time(seconds, depth, max((len(s.tokens) - s.proposed_at for s in drafted), default=0))
+        for s in drafted:
+            s.proposed_at = len(s.tokens)
 
     def observe_draft_time(self, seconds: float, depth: int, caught_up: int = 1) -> None:
         """A proposal's time; `caught_up`: the most tokens a drafted sequence committed since its last one."""
