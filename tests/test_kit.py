@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from specdec.kit.build import build_kit, new_llama
 from specdec.kit.corpus import is_heldout, read_documents, split_documents
 from specdec.kit.evaluate import distinct_n, second_token_ceiling
 from specdec.kit.export import FOLDERS, verify_checksums
+from specdec.kit.features import feature_batches, windows
 from specdec.kit.profiles import EOS_ID, PROFILES, ModelShape, Stage
 from specdec.models.checkpoint import load_model
 from specdec.models.heads import EagleHead, MedusaHeads
@@ -104,6 +106,28 @@ def test_partial_runs_train_chosen_stages_and_need_a_cached_target(tiny_kit, tmp
     assert not (tmp_path / "unused").exists() and (out / "kit.json").read_text() == before
     with pytest.raises(SystemExit, match="target"):
         build_kit(PROFILES["tiny"], tmp_path / "out", cache=tmp_path / "fresh", stages=("eagle",))
+
+
+def test_learners_read_the_targets_features_from_one_cache_file(tiny_kit):
+    _, cache, kit = tiny_kit
+    profile = PROFILES["tiny"]
+    state = torch.load(cache / "target.pt", weights_only=False)
+    assert sorted(p.name for p in cache.glob("features-*")) == [f"features-{state['step']}.npy"]
+    target = new_llama(profile.target.config(kit["vocab_size"], profile.seq_len * 2), 0, "cpu")
+    target.load_state_dict(state["model"])
+    tokens = torch.from_numpy(np.load(cache / "train_tokens.npy").astype(np.int32))
+    wins = windows(tokens, profile.seq_len)
+    stored = np.load(cache / f"features-{state['step']}.npy", mmap_mode="r")
+    assert stored.shape == (len(wins), profile.seq_len, target.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(np.array(stored[-3:])).float(), target(wins[-3:].long()), atol=2e-2, rtol=1e-2)
+    batch = feature_batches(target, state["step"], tokens, profile.seq_len, cache, "cpu")
+    x, features = batch(7, 4)
+    again = batch(7, 4)
+    assert torch.equal(x, again[0]) and torch.equal(features, again[1])
+    for row, feats in zip(x, features):  # each window comes with its own features
+        index = int((wins == row).all(dim=1).nonzero()[0])
+        assert torch.equal(feats, torch.from_numpy(np.array(stored[index])).float())
 
 
 def test_interrupted_stage_resumes_to_the_same_weights(tmp_path, monkeypatch):

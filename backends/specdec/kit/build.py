@@ -27,6 +27,7 @@ from ..models.llama import LlamaForCausalLM
 from .corpus import encode_documents, read_documents, split_documents, stdlib_root
 from .evaluate import evaluate_kit
 from .export import FOLDERS, export_kit, folder_bytes, write_checksums
+from .features import feature_batches
 from .profiles import EOS_ID, STAGE_ORDER, Profile
 from .tokenizer_train import train_tokenizer
 from .train import TrainContext, init_medusa, train_draft, train_eagle, train_medusa, train_target
@@ -121,24 +122,25 @@ def build_kit(
     target = new_llama(target_config, profile.seed, device)
     results = {"target": train_target(target, ctx)}
     target_step = results["target"].steps
+    features = feature_batches(target, target_step, ctx.tokens, profile.seq_len, cache, device)
 
     partial = set(stages) != set(STAGE_ORDER)  # train only the chosen learners, export nothing
     if not partial or "draft" in stages:
         draft = new_llama(profile.draft.config(vocab, max_positions), profile.seed + 1, device)
-        results["draft"] = train_draft(draft, target, target_step, ctx)
+        results["draft"] = train_draft(draft, target, target_step, features, ctx)
 
     if not partial or "eagle" in stages:
         torch.manual_seed(profile.seed + 2)
         eagle_config = LlamaConfig(**{**target_config.__dict__, "num_hidden_layers": 1})
         eagle = EagleHead(eagle_config).to(device)
         init_weights(eagle, 1)
-        results["eagle"] = train_eagle(eagle, target, target_step, ctx)
+        results["eagle"] = train_eagle(eagle, target, target_step, features, ctx)
 
     if not partial or "medusa" in stages:
         torch.manual_seed(profile.seed + 3)
         medusa = MedusaHeads(target_config.hidden_size, vocab, profile.medusa_heads, num_layers=1).to(device)
         init_medusa(medusa, target)
-        results["medusa"] = train_medusa(medusa, target, target_step, ctx)
+        results["medusa"] = train_medusa(medusa, target, target_step, features, ctx)
 
     if partial:
         print(f"trained {', '.join(sorted(stages))}; run without --stages to export and evaluate", flush=True)

@@ -7,8 +7,9 @@ out; the learning rate follows warmup + cosine over that same progress. Batches 
 (seed, step), so a resumed run sees the batches an uninterrupted one would have.
 
 The draft, Medusa and EAGLE stages learn from the target (self-distillation, as the Medusa and
-EAGLE papers do): their checkpoints record the target step they were trained against and restart
-when the target has moved on.
+EAGLE papers do): they read the target's features from a cache computed once per target (features.py)
+rather than running the target in every step; their checkpoints record the target step they were
+trained against and restart when the target has moved on.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from ..models.heads import EagleHead, MedusaHeads
 from ..models.llama import LlamaForCausalLM
 from .corpus import sample_batch
+from .features import FeatureBatches
 from .profiles import Profile, Stage
 
 CHECKPOINT_EVERY_S = 180.0
@@ -60,9 +62,11 @@ class TrainContext:
     def budget(self, stage: Stage) -> float | None:
         return None if self.total_seconds is None else self.total_seconds * stage.time_share
 
+    def seed(self, stage_name: str, step: int) -> int:
+        return hash_seed(self.profile.seed, stage_name, step)
+
     def batch(self, stage_name: str, step: int, batch: int) -> Tensor:
-        seed = hash_seed(self.profile.seed, stage_name, step)
-        return sample_batch(self.tokens, batch, self.profile.seq_len, seed, self.device)
+        return sample_batch(self.tokens, batch, self.profile.seq_len, self.seed(stage_name, step), self.device)
 
     def maybe_compile(self, fn: Callable) -> Callable:
         return torch.compile(fn) if self.compile else fn
@@ -184,42 +188,45 @@ def train_target(model: LlamaForCausalLM, ctx: TrainContext) -> StageResult:
     return run_stage("target", model, loss_fn, stage, ctx, key={"stage": "target"})
 
 
-def train_draft(draft: LlamaForCausalLM, target: LlamaForCausalLM, target_step: int, ctx: TrainContext) -> StageResult:
+def train_draft(
+    draft: LlamaForCausalLM, target: LlamaForCausalLM, target_step: int, features: FeatureBatches, ctx: TrainContext,
+) -> StageResult:
     """Distill the target's next-token distributions into the draft (what rejection sampling rewards)."""
     stage = ctx.profile.stages["draft"]
     frozen(target)
 
-    def kl(x: Tensor) -> Tensor:
+    def kl(x: Tensor, hidden: Tensor) -> Tensor:
         with torch.no_grad():
-            teacher = target.logits(target(x))
+            teacher = target.logits(hidden)
         return kl_to_teacher(draft.logits(draft(x)), teacher)
 
     step_loss = ctx.maybe_compile(kl)
 
     def loss_fn(step: int) -> Tensor:
-        return step_loss(ctx.batch("draft", step, stage.batch)[:, :-1])
+        return step_loss(*features(ctx.seed("draft", step), stage.batch))
 
     return run_stage("draft", draft, loss_fn, stage, ctx, key={"stage": "draft", "target_step": target_step})
 
 
-def train_eagle(eagle: EagleHead, target: LlamaForCausalLM, target_step: int, ctx: TrainContext) -> StageResult:
+def train_eagle(
+    eagle: EagleHead, target: LlamaForCausalLM, target_step: int, features: FeatureBatches, ctx: TrainContext,
+) -> StageResult:
     """Input at t is (embed(x_{t+1}), f_t); regress f_{t+1} and match the target's distribution there."""
     stage = ctx.profile.stages["eagle"]
     frozen(target)
 
-    def loss(x: Tensor) -> Tensor:
+    def loss(x: Tensor, hidden: Tensor) -> Tensor:
         with torch.no_grad():
-            features = target(x)
-            teacher = target.logits(features[:, 1:])
+            teacher = target.logits(hidden[:, 1:])
             embeds = target.model.embed_tokens(x[:, 1:])
-        pred = eagle(embeds, features[:, :-1])
-        feature_loss = F.smooth_l1_loss(pred.float(), features[:, 1:].float())
+        pred = eagle(embeds, hidden[:, :-1])
+        feature_loss = F.smooth_l1_loss(pred.float(), hidden[:, 1:])
         return feature_loss + EAGLE_LOGIT_WEIGHT * kl_to_teacher(target.logits(pred), teacher)
 
     step_loss = ctx.maybe_compile(loss)
 
     def loss_fn(step: int) -> Tensor:
-        return step_loss(ctx.batch("eagle", step, stage.batch)[:, :-1])
+        return step_loss(*features(ctx.seed("eagle", step), stage.batch))
 
     return run_stage("eagle", eagle, loss_fn, stage, ctx, key={"stage": "eagle", "target_step": target_step})
 
@@ -233,17 +240,18 @@ def init_medusa(heads: MedusaHeads, target: LlamaForCausalLM) -> None:
                 block.linear.weight.zero_()
 
 
-def train_medusa(heads: MedusaHeads, target: LlamaForCausalLM, target_step: int, ctx: TrainContext) -> StageResult:
+def train_medusa(
+    heads: MedusaHeads, target: LlamaForCausalLM, target_step: int, features: FeatureBatches, ctx: TrainContext,
+) -> StageResult:
     """Head i on h_t learns the target's distribution at t+1+i (over token t+2+i)."""
     stage = ctx.profile.stages["medusa"]
     frozen(target)
 
-    def loss(x: Tensor) -> Tensor:
+    def loss(hidden: Tensor) -> Tensor:
         with torch.no_grad():
-            hidden = target(x)
             teacher = target.logits(hidden)
         student = heads(hidden)
-        T = x.shape[1]
+        T = hidden.shape[1]
         total = 0.0
         for i in range(heads.num_heads):
             total = total + MEDUSA_DECAY**i * kl_to_teacher(student[i, :, : T - 1 - i], teacher[:, 1 + i :])
@@ -252,6 +260,6 @@ def train_medusa(heads: MedusaHeads, target: LlamaForCausalLM, target_step: int,
     step_loss = ctx.maybe_compile(loss)
 
     def loss_fn(step: int) -> Tensor:
-        return step_loss(ctx.batch("medusa", step, stage.batch)[:, :-1])
+        return step_loss(features(ctx.seed("medusa", step), stage.batch)[1])
 
     return run_stage("medusa", heads, loss_fn, stage, ctx, key={"stage": "medusa", "target_step": target_step})
