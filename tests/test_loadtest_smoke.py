@@ -131,11 +131,15 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     for s in samples:  # greedy: the speculative model streams exactly the baseline's tokens
         tokens.setdefault(s["prompt_index"], set()).add(s["tokens"])
     assert all(len(v) == 1 for v in tokens.values())
-    requests_seen = sum(stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model=m)
-                        for m in ("baseline", "spec_draft"))
+    seen = {m: stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model=m)
+            for m in ("baseline", "spec_draft")}
     generated = sum(stats.metric_delta(before, after, "specdec:generation_tokens", model=m)
                     for m in ("baseline", "spec_draft"))
-    assert requests_seen == len(samples) and generated == sum(s["tokens"] for s in samples)
+    # one clean-clone run saw the server count 2 requests more than the samples (not reproduced in
+    # isolation): the message says which model had them, and their tokens, for the next occurrence
+    served_count = {m: served_by.count(m) for m in seen}
+    assert seen == served_count and generated == sum(s["tokens"] for s in samples), (
+        seen, served_count, generated, sum(s["tokens"] for s in samples))
     split = {c["model"]: c for c in report["canary_cells"]}
     assert set(split) == {"baseline", "spec_draft"} and split["baseline"]["ratios"]["tpot_p50"] == 1.0
     assert split["spec_draft"]["figures"]["acceptance_rate"] == 1.0
