@@ -14,6 +14,7 @@ train different stages at once share one copy through the page cache.
 from __future__ import annotations
 
 import fcntl
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,14 +80,12 @@ def feature_batches(
 
     The features load on first use, so a run whose learners are all trained never computes them."""
     wins = windows(tokens, seq_len)
-    store: list[np.ndarray] = []
+    stored = functools.cache(lambda: load_or_compute_features(target, target_step, tokens, seq_len, cache))
 
     def batch(seed: int, size: int) -> tuple[Tensor, Tensor]:
-        if not store:
-            store.append(load_or_compute_features(target, target_step, tokens, seq_len, cache))
         gen = torch.Generator().manual_seed(seed)
         idx = torch.randint(0, len(wins), (size,), generator=gen).sort().values
-        feats = torch.from_numpy(np.ascontiguousarray(store[0][idx.numpy()]))
+        feats = torch.from_numpy(np.ascontiguousarray(stored()[idx.numpy()]))
         return wins[idx].to(device=device, dtype=torch.long), feats.to(device=device, dtype=torch.float32)
 
     return batch

@@ -1,9 +1,10 @@
 """Write a Triton model repository for a set of Hugging Face checkpoints (`specdec build-repo`).
 
 One model per configuration, side by side for A/B: `baseline` (no speculation), `spec_draft`,
-`spec_medusa`, `spec_eagle` (EAGLE-1 chain; `--eagle-tree` serves the EAGLE-2 dynamic tree), `spec_ngram`. Each is a `config.pbtxt` for the
-decoupled specdec backend whose parameters name the checkpoint folders (relative to the config's
-folder when they can be) and the engine settings, plus an empty version folder `1/`.
+`spec_medusa`, `spec_eagle` (EAGLE-1 chain; `--eagle-tree` serves the EAGLE-2 dynamic tree),
+`spec_ngram`. Each is a `config.pbtxt` for the decoupled specdec backend whose parameters name the
+checkpoint folders (relative to the config's folder when they can be) and the engine settings, plus
+an empty version folder `1/`.
 """
 
 from __future__ import annotations
