@@ -19,7 +19,7 @@ METHODS = ["draft", "ngram", "medusa", "eagle", "eagle2"]
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory, tiny_target):
     root = tmp_path_factory.mktemp("kit")
-    make_heads(tiny_target, root / "medusa", root / "eagle", seed=5)
+    make_heads(tiny_target, root / "medusa", root / "eagle", seed=5, eagle_layers=2)  # the trained tiny kit has one
     draft = make_perturbed_copy(tiny_target, root / "draft", noise=0.3, seed=7)
     return dict(target=str(tiny_target), draft=str(draft), medusa=str(root / "medusa"), eagle=str(root / "eagle"))
 

@@ -49,51 +49,56 @@ def test_medusa_missing_weights_is_a_clear_error(tmp_path):
         MedusaHeads.load(tmp_path)
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
-def test_eagle_public_format(tmp_path, tiny_target, fmt):
-    """EAGLE keys: fc.*, layers.0.* without input_layernorm; an embed_tokens copy is tolerated."""
+@pytest.mark.parametrize("fmt,layers", [("safetensors", 1), ("bin", 1), ("safetensors", 2)])
+def test_eagle_public_format(tmp_path, tiny_target, fmt, layers):
+    """EAGLE keys: fc.*, layers.{i}.* where layer 0 has no input_layernorm; an embed_tokens copy is tolerated."""
+    import transformers
+
     target = load_model(tiny_target)
     cfg = json.loads((tiny_target / "config.json").read_text())
-    cfg["num_hidden_layers"] = 1
+    cfg["num_hidden_layers"] = layers
     cfg["bias"] = True
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     torch.manual_seed(1)
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     inter = cfg["intermediate_size"]
-    state = {
-        "fc.weight": torch.randn(H, 2 * H) / 10, "fc.bias": torch.randn(H) / 10,
-        "layers.0.self_attn.q_proj.weight": torch.randn(nh * hd, H) / 8,
-        "layers.0.self_attn.k_proj.weight": torch.randn(nkv * hd, H) / 8,
-        "layers.0.self_attn.v_proj.weight": torch.randn(nkv * hd, H) / 8,
-        "layers.0.self_attn.o_proj.weight": torch.randn(H, nh * hd) / 8,
-        "layers.0.mlp.gate_proj.weight": torch.randn(inter, H) / 8,
-        "layers.0.mlp.up_proj.weight": torch.randn(inter, H) / 8,
-        "layers.0.mlp.down_proj.weight": torch.randn(H, inter) / 8,
-        "layers.0.post_attention_layernorm.weight": 1 + torch.randn(H) / 10,
-        "embed_tokens.weight": target.model.embed_tokens.weight.detach().clone(),
-    }
+    state = {"fc.weight": torch.randn(H, 2 * H) / 10, "fc.bias": torch.randn(H) / 10,
+             "embed_tokens.weight": target.model.embed_tokens.weight.detach().clone()}
+    for i in range(layers):
+        state |= {
+            f"layers.{i}.self_attn.q_proj.weight": torch.randn(nh * hd, H) / 8,
+            f"layers.{i}.self_attn.k_proj.weight": torch.randn(nkv * hd, H) / 8,
+            f"layers.{i}.self_attn.v_proj.weight": torch.randn(nkv * hd, H) / 8,
+            f"layers.{i}.self_attn.o_proj.weight": torch.randn(H, nh * hd) / 8,
+            f"layers.{i}.mlp.gate_proj.weight": torch.randn(inter, H) / 8,
+            f"layers.{i}.mlp.up_proj.weight": torch.randn(inter, H) / 8,
+            f"layers.{i}.mlp.down_proj.weight": torch.randn(H, inter) / 8,
+            f"layers.{i}.post_attention_layernorm.weight": 1 + torch.randn(H) / 10,
+        } | ({f"layers.{i}.input_layernorm.weight": 1 + torch.randn(H) / 10} if i else {})
     if fmt == "bin":
         torch.save(state, tmp_path / "pytorch_model.bin")
     else:
         save_file(state, str(tmp_path / "model.safetensors"))
     head = EagleHead.load(tmp_path)
+    assert len(head.layers) == layers
     assert isinstance(head.layers[0].input_layernorm, torch.nn.Identity)
-    # reference: the same layer as a Llama decoder layer whose input norm is the identity
+    # reference: Hugging Face Llama decoder layers, the first with an identity input norm
     tokens = torch.randint(0, V, (1, 6))
     feats = torch.randn(1, 6, H)
+    ref_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("bias",)})
+    rope = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(ref_cfg)
+    pos = torch.arange(6)[None]
+    mask = torch.full((6, 6), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
         got = head(target.model.embed_tokens(tokens), feats)
-        x = torch.cat([target.model.embed_tokens(tokens), feats], -1) @ state["fc.weight"].T + state["fc.bias"]
-        import transformers
-
-        ref_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("bias",)})
-        layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(ref_cfg, 0).eval()
-        layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in state.items() if k.startswith("layers.0.")}
-                              | {"input_layernorm.weight": torch.ones(H)}, strict=False)
-        rope = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(ref_cfg)
-        pos = torch.arange(6)[None]
-        mask = torch.full((6, 6), float("-inf")).triu(1)[None, None]
-        layer.input_layernorm = torch.nn.Identity()
-        ref = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope(x, pos))
-        ref = ref[0] if isinstance(ref, tuple) else ref
+        ref = torch.cat([target.model.embed_tokens(tokens), feats], -1) @ state["fc.weight"].T + state["fc.bias"]
+        for i in range(layers):
+            layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(ref_cfg, i).eval()
+            prefix = f"layers.{i}."
+            own = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+            layer.load_state_dict({"input_layernorm.weight": torch.ones(H)} | own)
+            if i == 0:
+                layer.input_layernorm = torch.nn.Identity()
+            ref = layer(ref, attention_mask=mask, position_ids=pos, position_embeddings=rope(ref, pos))
+            ref = ref[0] if isinstance(ref, tuple) else ref
     assert torch.allclose(got, ref, atol=1e-4)

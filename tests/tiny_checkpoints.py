@@ -95,7 +95,9 @@ def make_perturbed_copy(src: Path, folder: Path, noise: float, seed: int) -> Pat
     return folder
 
 
-def make_heads(target_dir: Path, medusa_dir: Path, eagle_dir: Path, seed: int = 0, medusa_heads: int = 3) -> None:
+def make_heads(
+    target_dir: Path, medusa_dir: Path, eagle_dir: Path, seed: int = 0, medusa_heads: int = 3, eagle_layers: int = 1,
+) -> None:
     """Random Medusa heads and EAGLE head shaped for the target, in their public formats."""
     from specdec.models.config import LlamaConfig
     from specdec.models.heads import EagleHead, MedusaHeads
@@ -103,7 +105,7 @@ def make_heads(target_dir: Path, medusa_dir: Path, eagle_dir: Path, seed: int = 
     cfg = LlamaConfig.from_file(target_dir / "config.json")
     torch.manual_seed(seed)
     MedusaHeads(cfg.hidden_size, cfg.vocab_size, medusa_heads, 1).save(medusa_dir, dtype=torch.float32)
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = eagle_layers
     EagleHead(cfg).save(eagle_dir, dtype=torch.float32)
 
 

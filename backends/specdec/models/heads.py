@@ -9,9 +9,10 @@ x + SiLU(W x + b) (keys `{i}.{l}.linear.weight|bias`) then a bias-free vocabular
 (key `{i}.{num_layers}.weight`). Head i predicts the token i+2 positions after the hidden state.
 
 EAGLE-1/2 (SafeAILab/EAGLE): folder with a Llama config.json and model.safetensors or
-pytorch_model.bin; `fc` maps concat(embed(token_{t+1}), feature_t) from 2H to H, then one decoder
-layer without its input layernorm (`layers.0.*`) predicts feature_{t+1}; the target's lm_head
-turns it into a distribution over token_{t+2}. Embeddings and lm_head are the target's.
+pytorch_model.bin; `fc` maps concat(embed(token_{t+1}), feature_t) from 2H to H, then
+`num_hidden_layers` decoder layers (`layers.{i}.*`; one in the released heads) predict feature_{t+1};
+the first has no input layernorm, the others are plain Llama layers (EAGLE's cnets.py). The target's
+lm_head turns the prediction into a distribution over token_{t+2}. Embeddings and lm_head are the target's.
 """
 
 from __future__ import annotations
@@ -90,12 +91,12 @@ class EagleHead(nn.Module):
         self.config = config
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
-        self.layers = nn.ModuleList([DecoderLayer(config, 0, input_norm=False)])
+        self.layers = nn.ModuleList(DecoderLayer(config, i, input_norm=i > 0) for i in range(config.num_hidden_layers))
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight
-        return KVCache(1, num_slots, capacity, c.num_key_value_heads, c.head_dim, p.dtype, p.device)
+        return KVCache(c.num_hidden_layers, num_slots, capacity, c.num_key_value_heads, c.head_dim, p.dtype, p.device)
 
     def forward(
         self, token_embeds: Tensor, features: Tensor, positions: Tensor | None = None,
@@ -110,7 +111,6 @@ class EagleHead(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = self.config.to_hf()
-        config["num_hidden_layers"] = 1
         config["bias"] = self.fc.bias is not None
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         state = {k: v.detach().to(dtype).clone() for k, v in self.state_dict().items()}

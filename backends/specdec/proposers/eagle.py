@@ -1,4 +1,4 @@
-"""EAGLE: a one-layer head extrapolates the target's features; EAGLE-1 drafts a chain, EAGLE-2 a tree.
+"""EAGLE: a small head extrapolates the target's features; EAGLE-1 drafts a chain, EAGLE-2 a tree.
 
 Pair t is (feature_t, token_{t+1}) at position t; the head turns it into a predicted
 feature_{t+1}, and the target's lm_head turns that into a distribution over token_{t+2}.
