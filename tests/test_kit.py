@@ -4,7 +4,9 @@ demo kit matches its checksums and loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from specdec.kit.export import FOLDERS, verify_checksums
 from specdec.kit.features import feature_batches, windows
 from specdec.kit.profiles import EOS_ID, PROFILES, ModelShape, Stage
 from specdec.models.checkpoint import load_model
+from specdec.models.config import LlamaConfig
 from specdec.models.heads import EagleHead, MedusaHeads
 from specdec.models.tokenizer import Tokenizer
 
@@ -203,3 +206,27 @@ def test_committed_demo_kit_matches_checksums_and_loads():
     assert kit["profile"] == "demo" and "eval" in kit
     weights = sum(p.stat().st_size for p in DEMO_KIT.rglob("*.safetensors"))
     assert weights <= 25 * 2**20
+
+
+def test_a_deeper_eagle_head_grows_from_the_cached_one(tiny_kit, tmp_path):
+    """Profile eagle_layers above the cached head's: the trained layer is kept, the new one starts as
+    a no-op (same predictions), step and seconds carry over, and the stage resumes from it."""
+    out, cache, kit = tiny_kit
+    grown_cache = tmp_path / "cache"
+    shutil.copytree(cache, grown_cache)
+    before = torch.load(cache / "eagle.pt", weights_only=False)
+    assert before["key"]["layers"] == 1
+    shallow_config = LlamaConfig.from_file(out / "eagle" / "config.json")
+    shallow = EagleHead(shallow_config)
+    shallow.load_state_dict(before["model"])
+    profile = dataclasses.replace(PROFILES["tiny"], eagle_layers=2)
+    assert build_kit(profile, tmp_path / "unused", cache=grown_cache, stages=("eagle",)) is None
+    after = torch.load(grown_cache / "eagle.pt", weights_only=False)
+    assert after["key"] == {**before["key"], "layers": 2}
+    assert (after["step"], after["seconds"]) == (before["step"], before["seconds"])
+    deep = EagleHead(dataclasses.replace(shallow_config, num_hidden_layers=2))
+    deep.load_state_dict(after["model"])
+    assert deep.layers[1].self_attn.q_proj.weight.abs().sum() > 0  # a real layer, not a copy of nothing
+    embeds, features = torch.randn(2, 9, shallow_config.hidden_size), torch.randn(2, 9, shallow_config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(deep(embeds, features), shallow(embeds, features))

@@ -40,7 +40,8 @@ def default_cache(profile: Profile) -> Path:
 def training_identity(profile: Profile) -> dict[str, Any]:
     """The profile fields the cached data and checkpoints depend on (budgets and eval sizes may change)."""
     d = json.loads(json.dumps(profile.to_dict()))
-    for key in ("minutes", "eval_windows", "eval_prompts", "eval_new_tokens", "compile"):
+    # eagle_layers: the EAGLE checkpoint's key carries it, and a deeper head grows from a shallower one
+    for key in ("minutes", "eval_windows", "eval_prompts", "eval_new_tokens", "compile", "eagle_layers"):
         d.pop(key)
     for stage in d["stages"].values():
         stage.pop("time_share")
@@ -131,9 +132,9 @@ def build_kit(
 
     if not partial or "eagle" in stages:
         torch.manual_seed(profile.seed + 2)
-        eagle_config = LlamaConfig(**{**target_config.__dict__, "num_hidden_layers": 1})
+        eagle_config = LlamaConfig(**{**target_config.__dict__, "num_hidden_layers": profile.eagle_layers})
         eagle = EagleHead(eagle_config).to(device)
-        init_weights(eagle, 1)
+        init_weights(eagle, profile.eagle_layers)
         results["eagle"] = train_eagle(eagle, target, target_step, features, ctx)
 
     if not partial or "medusa" in stages:

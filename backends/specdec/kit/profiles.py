@@ -61,6 +61,7 @@ class Profile:
     compile: bool
     seed: int = 1234
     heldout_percent: int = 5
+    eagle_layers: int = 1  # decoder layers of the EAGLE head (one in the released EAGLE-1 heads)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -208,12 +208,43 @@ def train_draft(
     return run_stage("draft", draft, loss_fn, stage, ctx, key={"stage": "draft", "target_step": target_step})
 
 
+def grow_eagle(eagle: EagleHead, path: Path, key: dict[str, Any], lr: float) -> None:
+    """Rewrite a cached EAGLE checkpoint that has fewer layers than `eagle` into one for `eagle`.
+
+    Progressive stacking: the cached layers keep their weights and each new layer's output
+    projections start at zero, so the grown head computes what the trained one did and training
+    goes on from there (step and seconds carry over, so the stage's budget and learning-rate
+    schedule continue; the optimizer starts afresh). Cheaper per CPU second than training the
+    deeper head from scratch.
+    """
+    if not path.exists():
+        return
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    old = state["key"]
+    if {**old, "layers": key["layers"]} != key or old["layers"] >= key["layers"]:
+        return
+    missing, unexpected = eagle.load_state_dict(state["model"], strict=False)
+    new_prefixes = tuple(f"layers.{i}." for i in range(old["layers"], key["layers"]))
+    if unexpected or not all(name.startswith(new_prefixes) for name in missing):
+        raise SystemExit(f"{path}: cannot grow an EAGLE head whose weights do not fit (missing {missing[:3]})")
+    with torch.no_grad():
+        for layer in eagle.layers[old["layers"] :]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    print(f"[eagle] growing the cached {old['layers']}-layer head to {key['layers']} layers", flush=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({**state, "key": key, "model": eagle.state_dict(), "optimizer": make_optimizer(eagle, lr).state_dict()}, tmp)
+    tmp.replace(path)
+
+
 def train_eagle(
     eagle: EagleHead, target: LlamaForCausalLM, target_step: int, features: FeatureBatches, ctx: TrainContext,
 ) -> StageResult:
     """Input at t is (embed(x_{t+1}), f_t); regress f_{t+1} and match the target's distribution there."""
     stage = ctx.profile.stages["eagle"]
     frozen(target)
+    key = {"stage": "eagle", "target_step": target_step, "layers": len(eagle.layers)}
+    grow_eagle(eagle, ctx.cache / "eagle.pt", key, stage.lr)
 
     def loss(x: Tensor, hidden: Tensor) -> Tensor:
         with torch.no_grad():
@@ -228,7 +259,7 @@ def train_eagle(
     def loss_fn(step: int) -> Tensor:
         return step_loss(*features(ctx.seed("eagle", step), stage.batch))
 
-    return run_stage("eagle", eagle, loss_fn, stage, ctx, key={"stage": "eagle", "target_step": target_step})
+    return run_stage("eagle", eagle, loss_fn, stage, ctx, key=key)
 
 
 def init_medusa(heads: MedusaHeads, target: LlamaForCausalLM) -> None:
