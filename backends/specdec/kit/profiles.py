@@ -93,12 +93,12 @@ PROFILES: dict[str, Profile] = {
         draft=ModelShape(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384),
         medusa_heads=3,
         stages={
-            "target": Stage(steps=200_000, lr=2e-3, batch=8, time_share=0.1422, warmup=100),
-            "draft": Stage(steps=200_000, lr=3e-3, batch=8, time_share=0.2144, warmup=50),
-            "eagle": Stage(steps=200_000, lr=2e-3, batch=8, time_share=0.5130, warmup=50),
-            "medusa": Stage(steps=200_000, lr=2e-3, batch=8, time_share=0.1302, warmup=50),
+            "target": Stage(steps=200_000, lr=2e-3, batch=8, time_share=0.1171, warmup=100),
+            "draft": Stage(steps=200_000, lr=3e-3, batch=8, time_share=0.1766, warmup=50),
+            "eagle": Stage(steps=200_000, lr=2e-3, batch=8, time_share=0.5991, warmup=50),
+            "medusa": Stage(steps=200_000, lr=2e-3, batch=8, time_share=0.1072, warmup=50),
         },
-        minutes=443.0, max_train_files=None, tokenizer_chars=12_000_000,
-        eval_windows=64, eval_prompts=16, eval_new_tokens=64, compile=True,
+        minutes=538.0, max_train_files=None, tokenizer_chars=12_000_000,
+        eval_windows=64, eval_prompts=16, eval_new_tokens=64, compile=True, eagle_layers=2,
     ),
 }

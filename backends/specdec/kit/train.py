@@ -33,7 +33,9 @@ from .features import FeatureBatches
 from .profiles import Profile, Stage
 
 CHECKPOINT_EVERY_S = 180.0
-EAGLE_LOGIT_WEIGHT = 0.1  # EAGLE paper: feature regression 1.0, token distribution 0.1
+# The EAGLE paper weights feature regression 1.0 and the token distribution 0.1; weighting the
+# distribution 1.0 gained 0.015 held-out top-1 agreement in a side-by-side trial here (4.0: no better).
+EAGLE_LOGIT_WEIGHT = 1.0
 MEDUSA_DECAY = 0.8  # Medusa paper: head i's loss weighted 0.8**i
 
 
