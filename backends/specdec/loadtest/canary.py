@@ -87,7 +87,10 @@ class TritonPythonModel:
                 if response.has_error():
                     sender.send(pb.InferenceResponse(error=pb.TritonError(response.error().message())), flags=final)
                     return
-                tensors = response.output_tensors()
+                # copies: the held response outlives the inner one, whose tensors live in its own
+                # shared memory (held as they were, a client once got a tensor whose shape and data
+                # did not match: "cannot reshape array of size 1 into shape (0,)")
+                tensors = [pb.Tensor(t.name(), t.as_numpy().copy()) for t in response.output_tensors()]
                 if not tensors:  # the inner model's empty final response
                     continue
                 if held is not None:
