@@ -92,6 +92,13 @@ def make_optimizer(module: nn.Module, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write through a temporary file, so a run killed mid-write leaves the previous checkpoint."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
 def run_stage(
     name: str, module: nn.Module, loss_fn: Callable[[int], Tensor], stage: Stage, ctx: TrainContext,
     key: dict[str, Any],
@@ -126,10 +133,8 @@ def run_stage(
         return max(step / stage.steps, 0.0 if budget is None else seconds / max(budget, 1e-9))
 
     def save() -> None:
-        tmp = path.with_suffix(".tmp")
-        torch.save({"key": key, "model": module.state_dict(), "optimizer": opt.state_dict(),
-                    "step": step, "seconds": seconds, "loss": ema}, tmp)
-        tmp.replace(path)
+        save_checkpoint({"key": key, "model": module.state_dict(), "optimizer": opt.state_dict(),
+                         "step": step, "seconds": seconds, "loss": ema}, path)
 
     module.train()
     bar = tqdm(total=1000, desc=name, unit="‰", mininterval=10, initial=int(1000 * min(progress(), 1)))
@@ -234,9 +239,7 @@ def grow_eagle(eagle: EagleHead, path: Path, key: dict[str, Any], lr: float) -> 
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
     print(f"[eagle] growing the cached {old['layers']}-layer head to {key['layers']} layers", flush=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({**state, "key": key, "model": eagle.state_dict(), "optimizer": make_optimizer(eagle, lr).state_dict()}, tmp)
-    tmp.replace(path)
+    save_checkpoint({**state, "key": key, "model": eagle.state_dict(), "optimizer": make_optimizer(eagle, lr).state_dict()}, path)
 
 
 def train_eagle(
