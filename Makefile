@@ -31,4 +31,4 @@ demo: install
 .PHONY: serve
 SERVE_ARGS ?=
 serve: install
-	$(PY) -m specdec.triton.server --model-repository model_repository $(SERVE_ARGS)
+	$(PY) -m specdec.serving.server --model-repository model_repository $(SERVE_ARGS)

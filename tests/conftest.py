@@ -34,8 +34,8 @@ def tiny_draft(tmp_path_factory, tokenizer_dir) -> Path:
 def trained_tiny_kit(tmp_path_factory) -> Path:
     """The `tiny` demo-kit profile trained end to end (about two minutes on 2 cores), built once
     per test session: target, distilled draft, EAGLE and Medusa heads with real acceptance."""
-    from specdec.kit.build import build_kit
-    from specdec.kit.profiles import PROFILES
+    from specdec.tools.kit.build import build_kit
+    from specdec.tools.kit.profiles import PROFILES
 
     root = tmp_path_factory.mktemp("trained-kit")
     build_kit(PROFILES["tiny"], root / "out", cache=root / "cache")

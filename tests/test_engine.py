@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from specdec.engine_config import EngineConfig, build_engine
-from specdec.errors import ConfigurationError, InvalidRequest
-from specdec.sampling import SamplingParams
+from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.errors import ConfigurationError, InvalidRequest
+from specdec.core.sampling import SamplingParams
 from tiny_checkpoints import CORPUS, make_heads, make_perturbed_copy
 
 METHODS = ["draft", "ngram", "medusa", "eagle", "eagle2"]
@@ -90,7 +90,7 @@ def test_streamed_chunks_concatenate_to_the_whole_text(kit):
     results = eng.generate([text * 2, "def add(a, b):"], SamplingParams(max_tokens=40, ignore_eos=True))
     for r in results:
         assert "".join(r.chunks) == r.text == eng.tokenizer.decode(r.token_ids)
-    from specdec.models.tokenizer import IncrementalDetokenizer
+    from specdec.core.models.tokenizer import IncrementalDetokenizer
 
     detok = IncrementalDetokenizer(eng.tokenizer)
     pieces = [detok.push([t]) for t in ids] + [detok.push([], final=True)]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine_config import EngineConfig, build_engine
-from specdec.prompts import heldout_prompts
-from specdec.sampling import SamplingParams
+from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.tools.prompts import heldout_prompts
+from specdec.core.sampling import SamplingParams
 
 METHODS = ["draft", "ngram", "medusa", "eagle", "eagle2"]
 

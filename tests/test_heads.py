@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from specdec.models.checkpoint import CheckpointError, load_model
-from specdec.models.heads import EagleHead, MedusaHeads
+from specdec.core.models.checkpoint import CheckpointError, load_model
+from specdec.core.models.heads import EagleHead, MedusaHeads
 
 H, V = 64, 300
 

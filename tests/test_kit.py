@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.kit import main
-from specdec.kit import train as kit_train
-from specdec.kit.build import build_kit, new_llama
-from specdec.kit.corpus import is_heldout, read_documents, split_documents
-from specdec.kit.evaluate import distinct_n, second_token_ceiling
-from specdec.kit.export import FOLDERS, verify_checksums
-from specdec.kit.features import feature_batches, windows
-from specdec.kit.profiles import EOS_ID, PROFILES, ModelShape, Stage
-from specdec.models.checkpoint import load_model
-from specdec.models.config import LlamaConfig
-from specdec.models.heads import EagleHead, MedusaHeads
-from specdec.models.tokenizer import Tokenizer
+from specdec.tools.kit import main
+from specdec.tools.kit import train as kit_train
+from specdec.tools.kit.build import build_kit, new_llama
+from specdec.tools.kit.corpus import is_heldout, read_documents, split_documents
+from specdec.tools.kit.evaluate import distinct_n, second_token_ceiling
+from specdec.tools.kit.export import FOLDERS, verify_checksums
+from specdec.tools.kit.features import feature_batches, windows
+from specdec.tools.kit.profiles import EOS_ID, PROFILES, ModelShape, Stage
+from specdec.core.models.checkpoint import load_model
+from specdec.core.models.config import LlamaConfig
+from specdec.core.models.heads import EagleHead, MedusaHeads
+from specdec.core.models.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_KIT = REPO / "build" / "demo-kit"
@@ -198,7 +198,7 @@ def test_distinct_4_flags_loops():
     assert distinct_n([1, 2, 3] * 20) < 0.1
 
 
-@pytest.mark.skipif(not (DEMO_KIT / "checksums.json").exists(), reason="build/demo-kit not built yet (python -m specdec.kit build --profile demo --out build/demo-kit)")
+@pytest.mark.skipif(not (DEMO_KIT / "checksums.json").exists(), reason="build/demo-kit not built yet (python -m specdec.tools.kit build --profile demo --out build/demo-kit)")
 def test_committed_demo_kit_matches_checksums_and_loads():
     assert verify_checksums(DEMO_KIT) == []
     assert_kit_loads(DEMO_KIT)

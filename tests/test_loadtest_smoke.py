@@ -10,11 +10,11 @@ import json
 import pytest
 import requests
 
-from specdec.loadtest import stats
-from specdec.loadtest.matrix import MatrixConfig, main as loadtest_main, run_cell
-from specdec.loadtest.workload import Workload, write_prompts
-from specdec.triton.repository import write_repository
-from specdec.triton.server import TritonServer, free_port
+from specdec.tools.loadtest import stats
+from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, run_cell
+from specdec.tools.loadtest.workload import Workload, write_prompts
+from specdec.serving.repository import write_repository
+from specdec.serving.server import TritonServer, free_port
 from tiny_checkpoints import make_tiny_kit
 
 pytestmark = pytest.mark.slow
@@ -105,8 +105,8 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     """A Triton canary model sends half the requests to spec_draft and half to the baseline; the
     matrix runs Locust as one master and one worker; every request is accounted for by the served
     models' counters and the report compares the two halves of the same traffic."""
-    from specdec.loadtest.canary import routes_to_candidate, write_canary_model
-    from specdec.loadtest.matrix import scrape
+    from specdec.tools.loadtest.canary import routes_to_candidate, write_canary_model
+    from specdec.tools.loadtest.matrix import scrape
 
     assert [routes_to_candidate(n, 0.25) for n in range(8)] == [False, False, False, True] * 2
     write_canary_model(served.model_repository, "baseline", "spec_draft", share=0.5)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.loadtest import stats
-from specdec.loadtest.guardrails import Guardrails, Rule, decide, load_guardrails, parse_guardrails, verdicts
-from specdec.loadtest.matrix import REPO_ROOT, add_ratios
-from specdec.loadtest.workload import Workload, workloads
+from specdec.tools.loadtest import stats
+from specdec.tools.loadtest.guardrails import Guardrails, Rule, decide, load_guardrails, parse_guardrails, verdicts
+from specdec.paths import GUARDRAILS
+from specdec.tools.loadtest.matrix import add_ratios
+from specdec.tools.loadtest.workload import Workload, workloads
 
 
 def sample(start, chunks, error=None, drafted=0, accepted=0):
@@ -150,7 +151,7 @@ def test_a_failure_is_not_forgiven_by_a_later_pass():
 
 
 def test_guardrail_files(tmp_path):
-    g = load_guardrails(REPO_ROOT / "loadtest" / "guardrails.yaml")  # the shipped, documented defaults
+    g = load_guardrails(GUARDRAILS)  # the shipped, documented defaults
     assert g.baseline == "baseline" and g.improve.figure == "tpot_p50"
     assert {r.figure for r in g.rollback} >= {"itl_p95", "output_tokens_per_s", "completed_rps", "error_rate",
                                               "acceptance_rate"}
@@ -177,7 +178,7 @@ def test_workload_grid():
 
 # ---- matrix plumbing ---------------------------------------------------------------------------------------
 def test_locust_command_holds_the_workload_fixed(tmp_path):
-    from specdec.loadtest.matrix import MatrixConfig, locust_command
+    from specdec.tools.loadtest.matrix import MatrixConfig, locust_command
 
     cfg = MatrixConfig(models=["baseline"], duration_s=10, warmup_s=2, grpc_url="h:1", http_url="h:2")
     w = Workload("short", "long", "t0.7")
@@ -196,14 +197,14 @@ def test_locust_command_holds_the_workload_fixed(tmp_path):
 
 
 def test_canary_model_config(tmp_path):
-    from specdec.loadtest.canary import routes_to_candidate, write_canary_model
+    from specdec.tools.loadtest.canary import routes_to_candidate, write_canary_model
 
     folder = write_canary_model(tmp_path, "baseline", "spec_medusa", 0.3)
     text = (folder / "config.pbtxt").read_text()
     assert 'backend: "python"' in text and "decoupled: true" in text
     assert 'name: "served_model"' in text and 'name: "text_input"' in text
     assert 'key: "candidate" value: { string_value: "spec_medusa" }' in text
-    assert "specdec.loadtest.canary" in (folder / "1" / "model.py").read_text()
+    assert "specdec.tools.loadtest.canary" in (folder / "1" / "model.py").read_text()
     assert sum(routes_to_candidate(n, 0.3) for n in range(1000)) == 300
     with pytest.raises(ValueError):
         write_canary_model(tmp_path, share=1.5)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.engine_config import EngineConfig, build_engine
-from specdec.models.checkpoint import load_model
-from specdec.sampling import SamplingParams, probs
+from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.models.checkpoint import load_model
+from specdec.core.sampling import SamplingParams, probs
 from tiny_checkpoints import make_heads, make_small_vocab_model
 
 V = 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models.checkpoint import CheckpointError, load_model
+from specdec.core.models.checkpoint import CheckpointError, load_model
 from tiny_checkpoints import make_hf_checkpoint
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import policy
-from specdec.policy import COLLAPSE_ALPHA, PROBE_EVERY, CostModel, Policy, expected_tokens
-from specdec.sampling import SamplingParams
-from specdec.sequence import Sequence
+from specdec.core import policy
+from specdec.core.policy import COLLAPSE_ALPHA, PROBE_EVERY, CostModel, Policy, expected_tokens
+from specdec.core.sampling import SamplingParams
+from specdec.core.sequence import Sequence
 
 
 def seqs(n: int, alpha: float, **params) -> list[Sequence]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine_config import EngineConfig, build_engine
-from specdec.proposers.ngram import lookup
-from specdec.sampling import SamplingParams
+from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.proposers.ngram import lookup
+from specdec.core.sampling import SamplingParams
 from test_engine import kit, prompts  # noqa: F401
 
 

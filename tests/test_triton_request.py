@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec.errors import ConfigurationError, InvalidRequest
-from specdec.triton.config import engine_config, engine_config_for, placed, read_parameters
-from specdec.triton.repository import MODELS, main as build_repo_main, write_repository
-from specdec.triton.request import DEFAULT_MAX_TOKENS, parse
+from specdec.core.errors import ConfigurationError, InvalidRequest
+from specdec.serving.config import engine_config, engine_config_for, placed, read_parameters
+from specdec.serving.repository import MODELS, main as build_repo_main, write_repository
+from specdec.serving.request import DEFAULT_MAX_TOKENS, parse
 
 
 def text(s: str | bytes) -> np.ndarray:

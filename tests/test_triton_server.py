@@ -25,12 +25,12 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from specdec.client import grpc_tensors, main as client_main, request_inputs
-from specdec.engine_config import build_engine
-from specdec.sampling import SamplingParams
-from specdec.triton.config import engine_config_for
-from specdec.triton.repository import write_repository
-from specdec.triton.server import TritonServer, free_port
+from specdec.serving.client import grpc_tensors, main as client_main, request_inputs
+from specdec.core.engine_config import build_engine
+from specdec.core.sampling import SamplingParams
+from specdec.serving.config import engine_config_for
+from specdec.serving.repository import write_repository
+from specdec.serving.server import TritonServer, free_port
 from tiny_checkpoints import make_tiny_kit
 
 pytestmark = pytest.mark.slow
@@ -425,7 +425,7 @@ def test_specdec_client_over_grpc_and_http(served, capsys):
 def test_serve_command_prints_endpoints_and_stops_on_ctrl_c(served):
     ports = [str(free_port()) for _ in range(3)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.triton.server", "--model-repository", str(served.model_repository),
+        [sys.executable, "-m", "specdec.serving.server", "--model-repository", str(served.model_repository),
          "--models", "spec_ngram", "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2],
          "--exit-timeout-secs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

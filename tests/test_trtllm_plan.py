@@ -280,7 +280,7 @@ def test_plan_flags(kit, backend_root, tmp_path):
 
 
 def test_tree_helpers_match_the_pytorch_engine():
-    from specdec.proposers.medusa import MC_SIM_7B_63, check_tree
+    from specdec.core.proposers.medusa import MC_SIM_7B_63, check_tree
 
     assert be.MC_SIM_7B_63 == MC_SIM_7B_63
     for heads in (1, 2, 3, 4):

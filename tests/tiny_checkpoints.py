@@ -66,9 +66,9 @@ def make_hf_checkpoint(
 def make_small_vocab_model(folder: Path, tokenizer_dir: Path, vocab: int, seed: int, layers: int = 1,
                            hidden: int = 32, scale: float = 3.0) -> Path:
     """A random model over the first `vocab` token ids (for exact distribution tests), no EOS."""
-    from specdec.models.checkpoint import save_model
-    from specdec.models.config import LlamaConfig
-    from specdec.models.llama import LlamaForCausalLM
+    from specdec.core.models.checkpoint import save_model
+    from specdec.core.models.config import LlamaConfig
+    from specdec.core.models.llama import LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=256)
@@ -99,8 +99,8 @@ def make_heads(
     target_dir: Path, medusa_dir: Path, eagle_dir: Path, seed: int = 0, medusa_heads: int = 3, eagle_layers: int = 1,
 ) -> None:
     """Random Medusa heads and EAGLE head shaped for the target, in their public formats."""
-    from specdec.models.config import LlamaConfig
-    from specdec.models.heads import EagleHead, MedusaHeads
+    from specdec.core.models.config import LlamaConfig
+    from specdec.core.models.heads import EagleHead, MedusaHeads
 
     cfg = LlamaConfig.from_file(target_dir / "config.json")
     torch.manual_seed(seed)
@@ -114,8 +114,8 @@ def make_tiny_kit(folder: Path, tokenizer_dir: Path, medusa_heads: int = 3) -> d
     always accepted), medusa/ and eagle/ (random heads in the public formats)."""
     import json
 
-    from specdec.models.config import LlamaConfig
-    from specdec.models.heads import EagleHead, MedusaHeads
+    from specdec.core.models.config import LlamaConfig
+    from specdec.core.models.heads import EagleHead, MedusaHeads
 
     folder = Path(folder)
     target = make_hf_checkpoint(folder / "target", tokenizer_dir, layers=2, hidden=64, seed=1)

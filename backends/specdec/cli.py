@@ -8,24 +8,23 @@ import importlib
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from specdec.paths import DEMO_KIT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_KIT = REPO_ROOT / "build" / "demo-kit"
 
 # subcommands implemented elsewhere: name -> "module:function" taking argv
 DELEGATED = {
-    "build-kit": "specdec.kit.cli:main",
-    "serve": "specdec.triton.server:main",
-    "build-repo": "specdec.triton.repository:main",
-    "client": "specdec.client:main",
-    "serve-bench": "specdec.triton.bench:main",
-    "loadtest": "specdec.loadtest.matrix:main",
-    "demo": "specdec.demo:main",
+    "build-kit": "specdec.tools.kit.cli:main",
+    "serve": "specdec.serving.server:main",
+    "build-repo": "specdec.serving.repository:main",
+    "client": "specdec.serving.client:main",
+    "serve-bench": "specdec.tools.serve_bench:main",
+    "loadtest": "specdec.tools.loadtest.matrix:main",
+    "demo": "specdec.tools.demo:main",
 }
 
 
 def engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kit", default=str(DEFAULT_KIT), help="folder with target/ draft/ medusa/ eagle/ (default: demo kit)")
+    p.add_argument("--kit", default=str(DEMO_KIT), help="folder with target/ draft/ medusa/ eagle/ (default: demo kit)")
     p.add_argument("--target", help="target checkpoint folder (overrides the kit's)")
     p.add_argument("--draft")
     p.add_argument("--medusa")
@@ -41,8 +40,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(a: argparse.Namespace, method: str, max_batch: int):
-    from .bench import kit_paths
-    from .engine_config import EngineConfig
+    from specdec.tools.bench import kit_paths
+    from specdec.core.engine_config import EngineConfig
 
     paths = kit_paths(a.kit) if a.kit else {}
     for name in ("target", "draft", "medusa", "eagle"):
@@ -57,8 +56,8 @@ def engine_config(a: argparse.Namespace, method: str, max_batch: int):
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .engine_config import build_engine
-    from .sampling import SamplingParams
+    from specdec.core.engine_config import build_engine
+    from specdec.core.sampling import SamplingParams
 
     engine = build_engine(engine_config(a, a.method, 1))
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
@@ -87,8 +86,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .bench import available_methods, bench, kit_paths, table, write_json
-    from .prompts import heldout_prompts, load_jsonl
+    from specdec.tools.bench import available_methods, bench, kit_paths, table, write_json
+    from specdec.tools.prompts import heldout_prompts, load_jsonl
 
     cfg = engine_config(a, "baseline", 1)
     methods = a.methods.split(",") if a.methods else available_methods(kit_paths(a.kit) | {

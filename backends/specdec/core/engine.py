@@ -1,0 +1,392 @@
+"""The continuous-batching speculative decoding loop.
+
+Each `step()`: admit queued requests into free KV slots and prefill them (their first token goes
+out at once), then for all running sequences: propose -> ONE batched target forward over every
+sequence's root + draft nodes -> verify -> compact the KV cache to the accepted path -> stream.
+The baseline is this same loop with no proposer (every draft empty), so an A/B comparison
+differs in exactly one thing.
+
+Threading: `submit` and `cancel` may be called from any thread; the loop runs in one thread
+(`start()`), or the caller drives `step()` itself (`generate`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from specdec.core.errors import InvalidRequest, QueueTimeout
+from specdec.core.models.llama import LlamaForCausalLM
+from specdec.core.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from specdec.core.policy import CostModel, Policy
+from specdec.core.proposers.base import Proposer
+from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
+from specdec.core.sequence import Output, RequestStats, Sequence
+from specdec.core.verify import Draft, TypicalAcceptance, greedy_walk, tree_mask, verify
+
+log = logging.getLogger("specdec.core.engine")
+
+
+@dataclass
+class EngineMetrics:
+    """Engine-wide counters (monotonic), read by the metrics exporter and the benchmark."""
+
+    requests: int = 0
+    finished: int = 0
+    errors: int = 0
+    steps: int = 0
+    prefill_tokens: int = 0
+    output_tokens: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    propose_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    verify_tokens: int = 0
+
+
+@dataclass
+class StreamState:
+    detok: IncrementalDetokenizer
+    text: str = ""
+    sent: int = 0  # characters of text already streamed
+
+
+class Engine:
+    def __init__(
+        self,
+        target: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        proposer: Proposer | None = None,
+        max_batch: int = 8,
+        max_context: int = 1024,
+        adaptive: bool = True,
+        queue_timeout_s: float = 60.0,
+        depth_for: Callable[[int], int] | None = None,
+        typical: TypicalAcceptance | None = None,
+    ) -> None:
+        self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
+        self.typical = typical  # lossy Medusa-2 acceptance for sampled requests; None = exact
+        self.max_batch, self.max_context = max_batch, max_context
+        self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
+        self.device = target.lm_head.weight.device
+        max_k = proposer.max_k if proposer else 0
+        self.policy = Policy(max_k, adaptive and proposer is not None, depth_for or (lambda k: k))
+        self.capacity = max_context + max_k + 1  # room for the draft nodes past the last position
+        self.cache = target.new_cache(max_batch, self.capacity)
+        if proposer is not None:
+            proposer.allocate(max_batch, self.capacity)
+        self.free_slots = list(range(max_batch))
+        self.queue: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.streams: dict[str, StreamState] = {}
+        self.queue_timeout_s = queue_timeout_s
+        self.metrics = EngineMetrics()
+        self.lock = threading.Condition()
+        self.ids = itertools.count()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        if self.policy.adaptive:
+            self.policy.cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
+
+    # ---- requests -------------------------------------------------------------------------
+    def submit(
+        self, prompt: str | list[int], params: SamplingParams, on_output: Callable[[Output], None],
+        request_id: str | None = None,
+    ) -> Sequence:
+        """Validate and queue a request; raises InvalidRequest with the reason."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequest("text_input is empty")
+            prompt_ids = self.tokenizer.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        if not prompt_ids:
+            raise InvalidRequest("the prompt has no tokens")
+        params.validate(self.max_context - 1)
+        if len(prompt_ids) + params.max_tokens > self.max_context:
+            raise InvalidRequest(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                f"limit of {self.max_context} tokens"
+            )
+        if request_id is not None and request_id in self.streams:
+            raise InvalidRequest(f"request id {request_id!r} is already in use by a running request")
+        seq = Sequence(
+            request_id=request_id or f"req-{next(self.ids)}", prompt_ids=prompt_ids, params=params,
+            on_output=on_output, generator=params.generator(), tokens=list(prompt_ids),
+        )
+        self.streams[seq.request_id] = StreamState(IncrementalDetokenizer(self.tokenizer))
+        with self.lock:
+            self.queue.append(seq)
+            self.metrics.requests += 1
+            self.lock.notify()
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Ask the loop to end a request; its slot is freed within one step."""
+        seq.cancelled = True
+        with self.lock:
+            self.lock.notify()
+
+    # ---- the loop -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                while not self.stopping and not self.queue and not self.running:
+                    self.lock.wait()
+                if self.stopping:
+                    break
+            try:
+                self.step()
+            except Exception:  # step() already failed the affected requests; keep serving the rest
+                log.exception("engine step failed")
+        for seq in list(self.queue) + self.running:
+            self._finish(seq, "cancelled", error="the server is shutting down")
+
+    def has_work(self) -> bool:
+        return bool(self.queue or self.running)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Admit and prefill, then one propose/verify/commit round for every running sequence."""
+        admitted: list[Sequence] = []
+        try:
+            self._drop_cancelled()
+            admitted = self._admit()
+            if admitted:
+                self._prefill(admitted)
+            if self.running:
+                self._decode()
+        except Exception as exc:  # never leave a client hanging: fail the batch, keep serving
+            for seq in list(self.running) + admitted:
+                self._finish(seq, "error", error=f"internal error: {exc!r}")
+            raise
+
+    def _drop_cancelled(self) -> None:
+        with self.lock:
+            queued = [s for s in self.queue if s.cancelled]
+            for s in queued:
+                self.queue.remove(s)
+        for s in queued + [s for s in self.running if s.cancelled]:
+            self._finish(s, "cancelled")
+
+    def _admit(self) -> list[Sequence]:
+        admitted, now = [], time.perf_counter()
+        with self.lock:
+            while self.queue and self.free_slots:
+                seq = self.queue.popleft()
+                seq.slot = self.free_slots.pop(0)
+                seq.stats.admitted = now
+                admitted.append(seq)
+            expired = [s for s in self.queue if now - s.stats.arrival > self.queue_timeout_s]
+            for s in expired:
+                self.queue.remove(s)
+        for s in expired:
+            self._finish(s, "error", error=str(QueueTimeout(
+                f"no KV slot became free within {self.queue_timeout_s:g} s ({self.max_batch} slots busy)")))
+        return admitted
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        t0 = time.perf_counter()
+        rows = [s.prompt_ids for s in seqs]
+        width = max(len(r) for r in rows)
+        tokens = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=self.device)
+        positions = torch.arange(width, device=self.device).expand(len(seqs), -1)
+        hidden = self.target(tokens, positions, self.cache, [s.slot for s in seqs], [0] * len(seqs))
+        last = hidden[torch.arange(len(seqs)), torch.tensor([len(r) - 1 for r in rows])]
+        logits = self.target.logits(last)
+        self.metrics.prefill_tokens += sum(len(r) for r in rows)
+        firsts = []
+        for b, seq in enumerate(seqs):
+            row = logits[b : b + 1]
+            if seq.params.min_tokens > 0:
+                row = mask_eos(row, self.eos_ids, torch.tensor([True]))
+            first = int(row.argmax()) if seq.params.greedy else sample(probs(row, seq.params)[0], seq.generator)
+            firsts.append(first)
+        if self.proposer is not None:
+            self.proposer.prefill(seqs, [hidden[b, : len(r)] for b, r in enumerate(rows)])
+        self.metrics.prefill_seconds += time.perf_counter() - t0
+        for seq, first in zip(seqs, firsts):
+            seq.stats.steps += 1
+            self.policy.admit(seq)
+            self.running.append(seq)
+            self._emit(seq, [first])
+
+    def _decode(self) -> None:
+        seqs = list(self.running)
+        ks = self.policy.choose(seqs)
+        t0 = time.perf_counter()
+        drafts = self.proposer.propose(seqs, ks) if self.proposer and any(ks) else [Draft.empty() for _ in seqs]
+        t1 = time.perf_counter()
+        T = 1 + max(len(d) for d in drafts)
+        B = len(seqs)
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        positions = torch.zeros(B, T, dtype=torch.long)
+        starts = [s.cache_len for s in seqs]
+        for b, (s, d) in enumerate(zip(seqs, drafts)):
+            tokens[b, : len(d) + 1] = torch.tensor([s.tokens[-1]] + d.tokens)
+            positions[b] = starts[b] + torch.tensor([0] + d.depths() + [0] * (T - 1 - len(d)))
+        masks = None if all(d.is_chain() for d in drafts) else torch.stack([tree_mask(d, T) for d in drafts])
+        hidden = self.target(tokens.to(self.device), positions.to(self.device), self.cache,
+                             [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device))
+        logits = self.target.logits(hidden)
+        t2 = time.perf_counter()
+        m = self.metrics
+        m.steps += 1
+        m.propose_seconds += t1 - t0
+        m.verify_seconds += t2 - t1
+        m.verify_tokens += sum(len(d) + 1 for d in drafts)
+        depth_drafted = max((max(d.depths()) for d in drafts if len(d)), default=0)
+        self.policy.observe_proposal(seqs, ks, t1 - t0, depth_drafted)
+        self.policy.observe_verify_time(t2 - t1, B * T)
+        argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
+        for b, (seq, draft) in enumerate(zip(seqs, drafts)):
+            eos_blocked = seq.params.min_tokens - len(seq.output_ids)
+            if seq.params.greedy and eos_blocked <= 0:
+                verdict = greedy_walk(draft, argmax[b])
+            else:
+                verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids, eos_blocked, self.typical)
+            offsets = [0] + [i + 1 for i in verdict.path]
+            self.cache.compact(seq.slot, starts[b], offsets)
+            accepted = [draft.tokens[i] for i in verdict.path]
+            self._count(seq, draft, len(accepted))
+            self.policy.observe(seq, max(draft.depths(), default=0), len(accepted))
+            seq.stats.steps += 1
+            if self._emit(seq, accepted + [verdict.bonus]) and self.proposer is not None:
+                self.proposer.commit(seq, verdict.path, hidden[b, offsets])
+
+    def _count(self, seq: Sequence, draft: Draft, accepted: int) -> None:
+        if not len(draft):
+            return
+        for stats in (seq.stats, self.metrics):
+            stats.drafts += 1
+            stats.draft_tokens += len(draft)
+            stats.accepted_tokens += accepted
+            while len(stats.accepted_per_position) < accepted:
+                stats.accepted_per_position.append(0)
+            for d in range(accepted):
+                stats.accepted_per_position[d] += 1
+
+    # ---- output ---------------------------------------------------------------------------
+    def _emit(self, seq: Sequence, new_tokens: list[int]) -> bool:
+        """Append committed tokens, apply stop conditions, stream the new text. True if still running."""
+        p = seq.params
+        reason = None
+        taken: list[int] = []
+        for t in new_tokens:
+            if t in self.eos_ids and not p.ignore_eos and len(seq.output_ids) >= p.min_tokens:
+                reason = "eos"
+                break
+            taken.append(t)
+            seq.output_ids.append(t)
+            seq.tokens.append(t)
+            if len(seq.output_ids) >= p.max_tokens:
+                reason = "length"
+                break
+        seq.stats.output_tokens = len(seq.output_ids)
+        self.metrics.output_tokens += len(taken)
+        if seq.stats.first_token is None and taken:
+            seq.stats.first_token = time.perf_counter()
+        stream = self.streams[seq.request_id]
+        stream.text += stream.detok.push(taken, final=reason is not None)
+        end = len(stream.text)
+        if p.stop:
+            window = stream.text[max(0, stream.sent - max(map(len, p.stop))):]
+            hits = [window.find(s) for s in p.stop if s in window]
+            if hits:
+                end = len(stream.text) - len(window) + min(hits)
+                reason = "stop"
+            elif reason is None:  # hold back what could be the start of a stop string
+                end = max(stream.sent, end - max(map(len, p.stop)) + 1)
+        if reason is not None:
+            self._finish(seq, reason, text_end=end, token_ids=taken)
+            return False
+        self._send(seq, stream, end, taken, finished=False, reason=None)
+        return True
+
+    def _send(self, seq, stream: StreamState, end: int, token_ids, finished: bool, reason, error=None) -> None:
+        text = stream.text[stream.sent : end]
+        stream.sent = max(stream.sent, end)
+        if text or token_ids or finished:  # a snapshot of the counters, consistent with this text
+            stats = replace(seq.stats, accepted_per_position=list(seq.stats.accepted_per_position))
+            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, stats, error))
+
+    def _finish(self, seq: Sequence, reason: str, text_end: int | None = None, token_ids=(), error=None) -> None:
+        stream = self.streams.pop(seq.request_id, None)
+        if stream is None:  # already finished
+            return
+        seq.stats.finished = time.perf_counter()
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.slot >= 0:
+            if self.proposer is not None:
+                self.proposer.release(seq.slot)
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+        self.metrics.finished += 1
+        self.metrics.errors += reason == "error"
+        end = len(stream.text) if text_end is None else text_end
+        self._send(seq, stream, end, token_ids, finished=True, reason=reason, error=error)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def probe_forward(self, n: int) -> None:
+        """A verification-shaped target forward in slot 0 (start-up cost calibration; the slot is
+        free): n new tokens after a typical context, logits for all of them, as a decode step does.
+        Leaving out the context or the logits made the target look 2x cheaper than it is, and the
+        policy then judged every proposer too expensive."""
+        with torch.inference_mode():
+            start = min(256, self.max_context // 2)
+            tokens = torch.zeros(1, n, dtype=torch.long, device=self.device)
+            positions = start + torch.arange(n, device=self.device)[None]
+            self.target.logits(self.target(tokens, positions, self.cache, [0], [start])).argmax(-1).tolist()
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list["Result"]:
+        """Run prompts to completion in this thread (the CLI, benchmark and tests use this)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        results = [Result() for _ in prompts]
+        for r, prompt, p in zip(results, prompts, plist):
+            r.seq = self.submit(prompt, p, r.add)
+        while self.has_work():
+            self.step()
+        return results
+
+
+@dataclass
+class Result:
+    """A whole completion collected from streamed Outputs."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    chunks: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: RequestStats | None = None
+    seq: Sequence | None = None
+
+    def add(self, out: Output) -> None:
+        self.text += out.text
+        self.chunks.append(out.text)
+        self.token_ids += out.token_ids
+        self.stats = out.stats
+        if out.finished:
+            self.finish_reason, self.error = out.finish_reason, out.error

@@ -1,0 +1,133 @@
+"""Medusa heads and the EAGLE head, in their public checkpoint formats.
+
+Both read the target's last hidden state (after the final norm: what the public implementations
+call `hidden_states = base_model.model(...)[0]`).
+
+Medusa (FasterDecoding/Medusa): folder with config.json (`medusa_num_heads`, `medusa_num_layers`)
+and `medusa_lm_head.safetensors` (or .pt); head i is `num_layers` residual blocks
+x + SiLU(W x + b) (keys `{i}.{l}.linear.weight|bias`) then a bias-free vocabulary projection
+(key `{i}.{num_layers}.weight`). Head i predicts the token i+2 positions after the hidden state.
+
+EAGLE-1/2 (SafeAILab/EAGLE): folder with a Llama config.json and model.safetensors or
+pytorch_model.bin; `fc` maps concat(embed(token_{t+1}), feature_t) from 2H to H, then
+`num_hidden_layers` decoder layers (`layers.{i}.*`; one in the released heads) predict feature_{t+1};
+the first has no input layernorm, the others are plain Llama layers (EAGLE's cnets.py). The target's
+lm_head turns the prediction into a distribution over token_{t+2}. Embeddings and lm_head are the target's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specdec.core.models.checkpoint import CheckpointError, load_weights
+from specdec.core.models.config import LlamaConfig
+from specdec.core.models.kv_cache import KVCache
+from specdec.core.models.llama import DecoderLayer, fuse_projections, rope_inv_freq, run_decoder
+
+MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int = 1) -> None:
+        super().__init__()
+        self.num_heads, self.num_layers, self.hidden, self.vocab = num_heads, num_layers, hidden, vocab
+        # nn.Sequential names children 0..n, which is exactly the public key layout
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], nn.Linear(hidden, vocab, bias=False))
+            for _ in range(num_heads)
+        )
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """[..., H] -> [num_heads, ..., V] logits."""
+        return torch.stack([head(hidden) for head in self.heads])
+
+    def save(self, folder: str | Path, dtype: torch.dtype = torch.float16, base_model: str = "") -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {
+            "medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+            "hidden_size": self.hidden, "vocab_size": self.vocab, "base_model_name_or_path": base_model,
+        }
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.heads.state_dict().items()}
+        save_file(state, str(folder / MEDUSA_WEIGHTS[0]))
+
+    @classmethod
+    def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "MedusaHeads":
+        folder = Path(folder)
+        config = json.loads((folder / "config.json").read_text())
+        for name in MEDUSA_WEIGHTS:
+            if (folder / name).exists():
+                path = folder / name
+                break
+        else:
+            raise CheckpointError(f"{folder}: no {' or '.join(MEDUSA_WEIGHTS)} found")
+        state = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu", weights_only=True)
+        num_heads, num_layers = config["medusa_num_heads"], config.get("medusa_num_layers", 1)
+        vocab, hidden = state[f"0.{num_layers}.weight"].shape
+        heads = cls(hidden, vocab, num_heads, num_layers)
+        heads.heads.load_state_dict(state, strict=True)
+        return heads.to(device=device, dtype=dtype).eval()
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: LlamaConfig, fc_bias: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, input_norm=i > 0) for i in range(config.num_hidden_layers))
+        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+
+    def new_cache(self, num_slots: int, capacity: int) -> KVCache:
+        c, p = self.config, self.fc.weight
+        return KVCache(c.num_hidden_layers, num_slots, capacity, c.num_key_value_heads, c.head_dim, p.dtype, p.device)
+
+    def forward(
+        self, token_embeds: Tensor, features: Tensor, positions: Tensor | None = None,
+        cache: KVCache | None = None, slots: list[int] | None = None, starts: list[int] | None = None,
+        tree_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Predicted next features [B, T, H] from (embed(token_{t+1}), feature_t) pairs."""
+        x = self.fc(torch.cat((token_embeds, features), dim=-1))
+        return run_decoder(self.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask)
+
+    def save(self, folder: str | Path, dtype: torch.dtype = torch.float16) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.config.to_hf()
+        config["bias"] = self.fc.bias is not None
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        state = {k: v.detach().to(dtype).clone() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "EagleHead":
+        folder = Path(folder)
+        raw = json.loads((folder / "config.json").read_text())
+        config = LlamaConfig.from_hf({**raw, "model_type": raw.get("model_type", "llama")})
+        state = load_weights(folder)
+        state = {k: v for k, v in state.items() if not k.startswith("embed_tokens.") and "rotary_emb" not in k}
+        head = cls(config, fc_bias="fc.bias" in state)
+        missing, unexpected = head.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"{folder}: EAGLE weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        head.inv_freq = rope_inv_freq(config).float()
+        head = head.to(device=device, dtype=dtype).eval()
+        fuse_projections(head.layers)
+        return head

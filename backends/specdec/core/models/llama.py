@@ -1,0 +1,254 @@
+"""A Llama-family decoder in plain torch, with Hugging Face weight names.
+
+`LlamaForCausalLM.forward` runs T new tokens for each of B sequences against their KV-cache
+slots. The new tokens may form a tree (speculative verification): `tree_mask[b, i, j]` says new
+token i may attend to new token j, and `positions` carries each token's depth-based position.
+Without a tree mask the new tokens are causal, which with right padding is also what a batched
+prefill of prompts with different lengths needs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specdec.core.models.config import LlamaConfig
+from specdec.core.models.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(config: LlamaConfig) -> Tensor:
+    """Rotary inverse frequencies, including linear and Llama-3 frequency scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        c = config
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * self.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.n_kv * self.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.n_kv * self.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=c.o_bias)
+        self.fused: tuple[Tensor, Tensor | None] | None = None  # set by fuse_projections (inference)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
+        B, T, _ = x.shape
+        if self.fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = F.linear(x, *self.fused).split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                                                      self.n_kv * self.head_dim], -1)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv, self.head_dim)
+        v = v.view(B, T, self.n_kv, self.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:  # serving: attend over the slot's cache; else training: causal over x
+            kc, vc = cache.k[self.layer_idx], cache.v[self.layer_idx]
+            kc[ctx.slot_index, ctx.write_pos] = k
+            vc[ctx.slot_index, ctx.write_pos] = v
+            k, v = ctx.read(kc), ctx.read(vc)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=None if ctx is None else ctx.mask, is_causal=ctx is None,
+            enable_gqa=self.n_kv != self.n_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, i, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=b)
+        self.up_proj = nn.Linear(h, i, bias=b)
+        self.down_proj = nn.Linear(i, h, bias=b)
+        self.fused: tuple[Tensor, Tensor | None] | None = None  # set by fuse_projections (inference)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.fused is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, *self.fused).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int, input_norm: bool = True) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        # EAGLE's single decoder layer has no input layernorm; its checkpoint simply lacks the key.
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if input_norm else nn.Identity()
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class BatchContext:
+    """Where B sequences' T new tokens go in the cache, and what each may attend to.
+
+    Built once per forward and shared by all layers. Key j of sequence b is visible to its new
+    token i when j lies in the sequence's committed prefix (j < start_b), or when j is new token
+    j - start_b and the tree mask allows it.
+    """
+
+    def __init__(self, slots: list[int], starts: list[int], T: int, tree_mask: Tensor | None, device) -> None:
+        B = len(slots)
+        self.contiguous = B == 1 or slots == list(range(slots[0], slots[0] + B))
+        self.slot0 = slots[0]
+        slot_t = torch.tensor(slots, device=device)
+        start_t = torch.tensor(starts, device=device)
+        self.slot_index = slot_t[:, None]
+        self.write_pos = start_t[:, None] + torch.arange(T, device=device)
+        self.length = max(starts) + T
+        if T == 1 and min(starts) == max(starts):
+            self.mask = None  # one new token per sequence, same length: it sees every key
+        else:
+            j = torch.arange(self.length, device=device)
+            rel = j[None, :] - start_t[:, None]  # [B, L]: key j's index among the new tokens
+            if tree_mask is None:
+                i = torch.arange(T, device=device)
+                new_visible = (rel[:, None, :] >= 0) & (rel[:, None, :] <= i[None, :, None])
+            else:
+                in_new = (rel >= 0) & (rel < T)
+                gathered = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, self.length))
+                new_visible = gathered & in_new[:, None, :]
+            self.mask = ((rel < 0)[:, None, :] | new_visible)[:, None]  # [B, 1, T, L]
+        self.slots = slot_t
+
+    def read(self, cache_layer: Tensor) -> Tensor:
+        if self.contiguous:
+            return cache_layer[self.slot0 : self.slot0 + len(self.slots), : self.length]
+        return cache_layer[self.slots, : self.length]
+
+
+def fuse_projections(layers: nn.ModuleList) -> None:
+    """Inference: one matmul for q/k/v and one for gate/up instead of five (small models on CPU are
+    bound by per-call overhead). The separate weights become views of the fused ones: no extra memory."""
+
+    def fuse(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+        weight = torch.cat([m.weight.detach() for m in linears])
+        bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+        start = 0
+        for m in linears:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+            if bias is not None:
+                m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
+            start += n
+        return weight, bias
+
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        a.fused = fuse([a.q_proj, a.k_proj, a.v_proj])
+        m.fused = fuse([m.gate_proj, m.up_proj])
+
+
+def run_decoder(
+    layers: nn.ModuleList, inv_freq: Tensor, x: Tensor, positions: Tensor | None, cache: KVCache | None,
+    slots: list[int] | None, starts: list[int] | None, tree_mask: Tensor | None = None,
+) -> Tensor:
+    """Decoder layers over embedded inputs x [B, T, H]; shared by the Llama model and the EAGLE head."""
+    if cache is None:
+        ctx = None
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+    else:
+        ctx = BatchContext(slots, starts, x.shape[1], tree_mask, x.device)
+    freqs = positions[..., None].to(torch.float32) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, head_dim]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    for layer in layers:
+        x = layer(x, cos, sin, cache, ctx)
+    return x
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameter names equal Hugging Face's, so checkpoints load with `load_state_dict` as they are."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+
+    def new_cache(self, num_slots: int, capacity: int) -> KVCache:
+        c, p = self.config, self.lm_head.weight
+        return KVCache(c.num_hidden_layers, num_slots, capacity, c.num_key_value_heads, c.head_dim, p.dtype, p.device)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        slots: list[int] | None = None,
+        starts: list[int] | None = None,
+        tree_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Hidden states after the final norm, [B, T, hidden]; `logits(hidden)` maps them to the vocabulary.
+
+        tokens, positions: [B, T]; starts[b] is how many cached tokens of slot slots[b] stay visible.
+        Without a cache (training) the tokens are whole sequences attended causally.
+        """
+        return self.run_layers(self.model.embed_tokens(tokens), positions, cache, slots, starts, tree_mask)
+
+    def run_layers(
+        self, x: Tensor, positions: Tensor | None, cache: KVCache | None, slots: list[int] | None,
+        starts: list[int] | None, tree_mask: Tensor | None = None,
+    ) -> Tensor:
+        x = run_decoder(self.model.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask)
+        return self.model.norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden)

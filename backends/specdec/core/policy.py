@@ -1,0 +1,200 @@
+"""How many tokens to draft this step, per sequence: fixed, or adaptive to acceptance and batch load.
+
+Adaptive: each sequence keeps an estimate alpha of its per-token acceptance, the geometric MLE
+accepted / (accepted + rejections) over its recent rounds (counts decay 5% per round) plus a prior
+of PRIOR_TRIALS pseudo-trials at the engine-wide acceptance. (An average of per-round ratios, used
+before, let one fully rejected round after ten accepted ones switch a sequence off.) A draft of
+depth d then commits on average (1 - alpha^(d+1)) / (1 - alpha) tokens. The step's cost is the
+target's verify time for the batch's total tokens (calibrated at start-up over token counts, then
+corrected by every real step's timing: one preempted calibration timing on a busy machine once made
+2 tokens look 3x the cost of 1, and speculation never started) plus the proposer's time, fixed +
+per_level * depth, fitted online by least squares over the median time per depth of recent
+proposals. Proposals that caught up on tokens committed during a pause (model drafters feed them
+first) are not samples of that cost: counting them made every pause longer than the last. The
+policy picks the k that maximizes committed tokens per second over the batch, so at high load,
+where verify time grows with every extra token, k falls, down to 0 (speculation off). A sequence
+whose alpha collapses gets k = 0 on its own; its alpha then drifts back towards the engine-wide
+acceptance, so it is retried later. New sequences start at the engine-wide acceptance (acceptance
+is mostly a property of the proposer and the workload), so a well-measured proposer is not switched
+off for every newcomer. Seeded sampled requests keep their cap (the request's num_draft_tokens or
+the model's k): their random numbers are drawn per draft position, so only a fixed schedule makes a
+seed reproduce under load.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specdec.core.sequence import Sequence
+
+PRIOR_ALPHA = 0.6
+PRIOR_TRIALS = 2.0  # weight of the engine-wide acceptance in each sequence's estimate
+DECAY = 0.95  # per round, on a sequence's counts (also in rounds without a draft: the prior regains weight)
+ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samples
+COLLAPSE_ALPHA = 0.15
+VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve
+PROBE_EVERY = 16  # every this many steps times the batch size (a probe costs more in a big batch),
+# one step drafts every sequence one candidate k deeper than the policy's pick: it measures the
+# acceptance of sequences that stopped, and the verify and proposal costs just beyond the pick,
+# which the policy otherwise only guesses (so a cost over-estimated once can be corrected)
+
+
+def expected_tokens(alpha: float, depth: int) -> float:
+    if alpha >= 0.999:
+        return depth + 1.0
+    return (1 - alpha ** (depth + 1)) / (1 - alpha)
+
+
+@dataclass
+class CostModel:
+    """Seconds for a target forward over n tokens (interpolated) and for a proposal of some depth."""
+
+    token_counts: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    draft_fixed: float = 0.0
+    draft_per_level: float = 0.0
+    draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))
+
+    def draft(self, depth: int) -> float:
+        return self.draft_fixed + self.draft_per_level * depth if depth > 0 else 0.0
+
+    def observe_draft(self, depth: int, seconds: float) -> None:
+        """Refit fixed + per_level * depth: least squares over the median time of each depth seen
+        recently (medians, so that proposals preempted on a busy machine do not move it). A sample
+        counts at most 3x the current prediction: one proposal that caught up on a whole prompt
+        must not switch speculation off for good (while it is off no samples correct it)."""
+        predicted = self.draft(depth)
+        self.draft_samples.append((depth, min(seconds, 3 * predicted) if predicted > 0 else seconds))
+        by_depth: dict[int, list[float]] = {}
+        for d, t in self.draft_samples:
+            by_depth.setdefault(d, []).append(t)
+        points = [(d, statistics.median(ts), len(ts)) for d, ts in by_depth.items()]
+        if len(points) > 1:
+            n = sum(w for _, _, w in points)
+            mean_d = sum(d * w for d, _, w in points) / n
+            mean_t = sum(t * w for _, t, w in points) / n
+            var = sum(w * (d - mean_d) ** 2 for d, _, w in points)
+            slope = sum(w * (d - mean_d) * (t - mean_t) for d, t, w in points) / var
+            self.draft_per_level = max(slope, 0.0)
+            self.draft_fixed = max(mean_t - self.draft_per_level * mean_d, 0.0)
+        elif self.draft(points[0][0]) > 0:  # one depth seen so far: keep the shape, match the level
+            scale = points[0][1] / self.draft(points[0][0])
+            self.draft_fixed *= scale
+            self.draft_per_level *= scale
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        """Move the curve's points around n towards a measured step (one step's ratio clipped to 0.5-2x)."""
+        i = bisect_left(self.token_counts, n)
+        if i < len(self.token_counts) and self.token_counts[i] == n:
+            points = [i]
+        else:
+            points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
+        ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
+        for j in points:
+            self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
+
+    def verify(self, n: int) -> float:
+        i = bisect_left(self.token_counts, n)
+        if i == 0:
+            return self.seconds[0]
+        if i == len(self.token_counts):
+            return self.seconds[-1] * n / self.token_counts[-1]
+        n0, n1 = self.token_counts[i - 1], self.token_counts[i]
+        s0, s1 = self.seconds[i - 1], self.seconds[i]
+        return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+
+    @classmethod
+    def measure(cls, forward: Callable[[int], None], max_tokens: int, repeats: int = 5) -> "CostModel":
+        counts = [1]
+        while counts[-1] < max_tokens:
+            counts.append(min(counts[-1] * 2, max_tokens))
+        seconds = []
+        for n in counts:
+            forward(n)  # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                forward(n)
+                best = min(best, time.perf_counter() - t0)
+            seconds.append(best)
+        for i in reversed(range(len(seconds) - 1)):  # more tokens never cost less: timer noise is
+            seconds[i] = min(seconds[i], seconds[i + 1])  # upward (preemption), so cap, don't carry up
+        # until proposals are timed: a proposer step costs a tenth of a target step
+        return cls(counts, seconds, draft_fixed=0.1 * seconds[0], draft_per_level=0.1 * seconds[0])
+
+
+class Policy:
+    def __init__(self, max_k: int, adaptive: bool, depth_for: Callable[[int], int]) -> None:
+        self.max_k, self.adaptive, self.depth_for = max_k, adaptive, depth_for
+        self.cost: CostModel | None = None
+        self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
+        self.steps = 0
+        self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
+
+    def cap(self, seq: Sequence) -> int:
+        k = seq.params.num_draft_tokens
+        return self.max_k if k is None else min(k, self.max_k)
+
+    def choose(self, seqs: list[Sequence]) -> list[int]:
+        caps = [self.cap(s) for s in seqs]
+        if not self.adaptive or self.cost is None or self.max_k == 0:
+            return caps
+        self.steps += 1
+        on = [s.acceptance >= COLLAPSE_ALPHA for s in seqs]
+        # a seeded sampled request draws its random numbers per draft position, so its output
+        # depends on its k schedule: it keeps its cap, and reproduces whatever the load
+        pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
+
+        def pick(k: int) -> list[int]:
+            return [c if p else min(k, c) if o else 0 for c, o, p in zip(caps, on, pinned)]
+
+        best_k, best_rate = 0, 0.0
+        for k in self.candidates:
+            ks = pick(k)
+            depth_cost = self.depth_for(max(ks)) if max(ks) > 0 else 0
+            seconds = self.cost.verify(sum(1 + kk for kk in ks)) + self.cost.draft(depth_cost)
+            tokens = sum(expected_tokens(s.acceptance, self.depth_for(kk)) if kk else 1.0
+                         for s, kk in zip(seqs, ks))
+            if tokens / seconds > best_rate:
+                best_k, best_rate = k, tokens / seconds
+        if self.steps % (PROBE_EVERY * len(seqs)) == 0:  # every sequence, one candidate deeper
+            probe = self.candidates[min(self.candidates.index(best_k) + 1, len(self.candidates) - 1)]
+            return [c if p else min(probe, c) for c, p in zip(caps, pinned)]
+        return pick(best_k)
+
+    def admit(self, seq: Sequence) -> None:
+        seq.accepted_n = seq.rejected_n = 0.0
+        seq.acceptance = self.alpha
+
+    def observe(self, seq: Sequence, depth_drafted: int, accepted: int) -> None:
+        """Update a sequence's acceptance after a round that drafted to depth `depth_drafted`."""
+        seq.accepted_n *= DECAY
+        seq.rejected_n *= DECAY
+        if depth_drafted > 0:
+            rejections = 0 if accepted >= depth_drafted else 1
+            seq.accepted_n += accepted
+            seq.rejected_n += rejections
+            self.alpha += ENGINE_SMOOTHING * (accepted / (accepted + rejections) - self.alpha)
+        trials = seq.accepted_n + seq.rejected_n + PRIOR_TRIALS
+        seq.acceptance = (seq.accepted_n + PRIOR_TRIALS * self.alpha) / trials
+
+    def observe_proposal(self, seqs: list[Sequence], ks: list[int], seconds: float, depth: int) -> None:
+        """A step's proposal over `seqs` with draft lengths `ks` took `seconds` to reach `depth`."""
+        drafted = [s for s, k in zip(seqs, ks) if k > 0]
+        self.observe_draft_time(seconds, depth, max((len(s.tokens) - s.proposed_at for s in drafted), default=0))
+        for s in drafted:
+            s.proposed_at = len(s.tokens)
+
+    def observe_draft_time(self, seconds: float, depth: int, caught_up: int = 1) -> None:
+        """A proposal's time; `caught_up`: the most tokens a drafted sequence committed since its last one."""
+        if self.cost is not None and depth > 0 and caught_up <= self.depth_for(self.max_k) + 1:
+            self.cost.observe_draft(depth, seconds)
+
+    def observe_verify_time(self, seconds: float, tokens: int) -> None:
+        if self.cost is not None:
+            self.cost.observe_verify(tokens, seconds)

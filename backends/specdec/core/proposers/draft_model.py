@@ -1,0 +1,97 @@
+"""A smaller checkpoint of the same tokenizer drafts a chain autoregressively, with its own KV cache.
+
+The draft cache is kept in sync lazily: `fed[slot]` counts the sequence tokens it holds. Each
+proposal first feeds what it has not seen (the bonus token, and any accepted tail), then drafts.
+After verification only the accepted draft tokens stay valid, so `fed` rolls back to them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specdec.core.models.llama import LlamaForCausalLM
+from specdec.core.sampling import mask_eos, probs, sample
+from specdec.core.sequence import Sequence
+from specdec.core.verify import Draft
+
+
+def pad_batch(rows: list[list[int]], device) -> Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, model: LlamaForCausalLM, k: int = 4, eos_ids: list[int] = ()) -> None:
+        self.model, self.max_k, self.eos_ids = model, k, list(eos_ids)
+        self.fed: dict[int, int] = {}
+        self.drafted: dict[int, int] = {}  # draft tokens fed to the cache by the last proposal
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        self.cache = self.model.new_cache(num_slots, capacity)
+
+    def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
+        for s in seqs:
+            self.fed[s.slot], self.drafted[s.slot] = 0, 0
+
+    def next_token(self, seq: Sequence, logits: Tensor, depth: int) -> tuple[int, Tensor | None]:
+        """Draft the token at `depth` (1 = right after the root) the way the target will be sampled."""
+        if self.eos_ids and len(seq.output_ids) + depth - 1 < seq.params.min_tokens:
+            logits = mask_eos(logits[None], self.eos_ids, torch.tensor([True]))[0]
+        if seq.params.greedy:
+            return int(logits.argmax()), None
+        q = probs(logits[None], seq.params)[0]
+        return sample(q, seq.generator), q
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = [Draft.empty() for _ in seqs]
+        active = [b for b, k in enumerate(ks) if k > 0]
+        if not active:
+            return drafts
+        device = self.model.lm_head.weight.device
+        pending = [seqs[b].tokens[self.fed[seqs[b].slot] :] for b in active]
+        starts = [self.fed[seqs[b].slot] for b in active]
+        slots = [seqs[b].slot for b in active]
+        tokens = pad_batch(pending, device)
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
+        hidden = self.model(tokens, positions, self.cache, slots, starts)
+        last = torch.tensor([len(p) - 1 for p in pending], device=device)
+        logits = self.model.logits(hidden[torch.arange(len(active)), last])
+        row_logits = dict(enumerate(logits))  # by row of `active`; shrinks as short drafts finish
+        out: dict[int, list[int]] = {b: [] for b in active}
+        qs: dict[int, list[Tensor]] = {b: [] for b in active}
+        for b in active:
+            self.fed[seqs[b].slot] = len(seqs[b].tokens)
+        rows = list(range(len(active)))
+        for depth in range(1, max(ks[b] for b in active) + 1):
+            for r in rows:
+                b = active[r]
+                tok, q = self.next_token(seqs[b], row_logits[r], depth)
+                out[b].append(tok)
+                if q is not None:
+                    qs[b].append(q)
+            rows = [r for r in rows if ks[active[r]] > depth]
+            if not rows:
+                break
+            pos = [len(seqs[active[r]].tokens) + depth - 1 for r in rows]
+            step = torch.tensor([[out[active[r]][-1]] for r in rows], device=device)
+            hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache,
+                                [slots[r] for r in rows], pos)
+            row_logits = dict(zip(rows, self.model.logits(hidden[:, 0])))
+        for b in active:
+            self.drafted[seqs[b].slot] = ks[b] - 1
+            drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)
+        return drafts
+
+    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+        # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens
+        # it also fed, the accepted ones stay valid (none in a round without a proposal)
+        self.fed[seq.slot] += min(len(path), self.drafted[seq.slot])
+        self.drafted[seq.slot] = 0
+
+    def release(self, slot: int) -> None:
+        self.fed.pop(slot, None)
+        self.drafted.pop(slot, None)
+

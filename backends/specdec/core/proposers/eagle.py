@@ -1,0 +1,188 @@
+"""EAGLE: a small head extrapolates the target's features; EAGLE-1 drafts a chain, EAGLE-2 a tree.
+
+Pair t is (feature_t, token_{t+1}) at position t; the head turns it into a predicted
+feature_{t+1}, and the target's lm_head turns that into a distribution over token_{t+2}.
+Committed pairs always use the target's true features (given back by the engine after each
+verification, `pending`); draft pairs use the head's own predictions and are overwritten later.
+
+EAGLE-2's dynamic tree: expand the `top_k` most likely nodes of each depth by their top_k
+children, scoring nodes by cumulative draft log-probability, and keep the `total_tokens` best
+nodes (a child never scores above its parent, so the kept set is a tree). Tree nodes are chosen
+deterministically, so their q is one-hot and verification stays exact under sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.core.models.heads import EagleHead
+from specdec.core.models.llama import LlamaForCausalLM
+from specdec.core.sampling import mask_eos, probs, sample
+from specdec.core.sequence import Sequence
+from specdec.core.verify import Draft
+from specdec.core.proposers.draft_model import pad_batch
+
+
+@dataclass
+class EagleTree:
+    top_k: int = 4
+    depth: int = 5
+    total_tokens: int = 24
+
+
+class EagleProposer:
+    name = "eagle"
+
+    def __init__(
+        self, head: EagleHead, target: LlamaForCausalLM, k: int = 4, tree: EagleTree | None = None,
+        eos_ids: list[int] = (),
+    ) -> None:
+        self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
+        self.max_k = tree.total_tokens if tree else k
+        self.fed: dict[int, int] = {}
+        self.pending: dict[int, Tensor] = {}
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        self.cache = self.head.new_cache(num_slots, capacity)
+
+    def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
+        for s, f in zip(seqs, features):
+            self.fed[s.slot], self.pending[s.slot] = 0, f
+
+    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+        # rounds without a proposal leave their pairs pending too: append, never replace
+        self.pending[seq.slot] = torch.cat([self.pending[seq.slot], features])
+
+    def release(self, slot: int) -> None:
+        self.fed.pop(slot, None)
+        self.pending.pop(slot, None)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        return self.target.model.embed_tokens(tokens)
+
+    def catch_up(self, seqs: list[Sequence]) -> Tensor:
+        """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
+        device = self.head.fc.weight.device
+        starts = [self.fed[s.slot] for s in seqs]
+        feats = [self.pending[s.slot] for s in seqs]
+        tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
+        width = tokens.shape[1]
+        features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
+        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts)
+        for s, st, f in zip(seqs, starts, feats):
+            self.fed[s.slot] = st + len(f)
+            self.pending[s.slot] = f[:0]
+        return out[torch.arange(len(seqs)), torch.tensor([len(f) - 1 for f in feats])]
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = [Draft.empty() for _ in seqs]
+        active = [b for b, k in enumerate(ks) if k > 0]
+        if not active:
+            return drafts
+        batch = [seqs[b] for b in active]
+        root_features = self.catch_up(batch)
+        found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
+                 else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
+        for b, d in zip(active, found):
+            drafts[b] = d
+        return drafts
+
+    def chain_drafts(self, seqs: list[Sequence], feature: Tensor, ks: list[int]) -> list[Draft]:
+        device = feature.device
+        out: list[list[int]] = [[] for _ in seqs]
+        qs: list[list[Tensor]] = [[] for _ in seqs]
+        rows = list(range(len(seqs)))
+        for depth in range(1, max(ks) + 1):
+            logits = self.target.logits(feature)
+            for i, r in enumerate(rows):
+                s = seqs[r]
+                row = logits[i]
+                if self.eos_ids and len(s.output_ids) + depth - 1 < s.params.min_tokens:
+                    row = mask_eos(row[None], self.eos_ids, torch.tensor([True]))[0]
+                if s.params.greedy:
+                    out[r].append(int(row.argmax()))
+                else:
+                    q = probs(row[None], s.params)[0]
+                    out[r].append(sample(q, s.generator))
+                    qs[r].append(q)
+            keep = [i for i, r in enumerate(rows) if ks[r] > depth]
+            if not keep:
+                break
+            rows = [rows[i] for i in keep]
+            pos = [len(seqs[r].tokens) - 1 + depth - 1 for r in rows]
+            tokens = torch.tensor([[out[r][-1]] for r in rows], device=device)
+            feature = self.head(self.embed(tokens), feature[keep][:, None], torch.tensor(pos, device=device)[:, None],
+                                self.cache, [seqs[r].slot for r in rows], pos)[:, 0]
+        return [Draft.chain(o, torch.stack(q) if q else None) for o, q in zip(out, qs)]
+
+    def tree_drafts(self, seqs: list[Sequence], root_feature: Tensor, ks: list[int]) -> list[Draft]:
+        """EAGLE-2: grow each sequence's tree depth by depth, re-running all its expanded nodes per depth."""
+        tree, device = self.tree, root_feature.device
+        B = len(seqs)
+        logp = torch.log_softmax(self.target.logits(root_feature).float(), -1)
+        top = torch.topk(logp, tree.top_k, dim=-1)
+        # candidate nodes per sequence: (token, parent candidate index, cumulative score)
+        cands = [[(int(t), -1, float(v)) for v, t in zip(top.values[b], top.indices[b])] for b in range(B)]
+        frontier = [list(range(tree.top_k)) for _ in range(B)]
+        expanded = [[] for _ in range(B)]  # candidate indices whose pair is in the head's cache region
+        starts = [len(s.tokens) - 1 for s in seqs]
+        parent_feature: list[dict[int, Tensor]] = [{-1: root_feature[b]} for b in range(B)]
+        for _ in range(min(tree.depth, max(ks)) - 1):  # a tree of k nodes is at most k deep
+            for b in range(B):
+                expanded[b] += frontier[b]
+            width = max(len(e) for e in expanded)
+            tokens = torch.zeros(B, width, dtype=torch.long, device=device)
+            features = root_feature.new_zeros(B, width, root_feature.shape[-1])
+            positions = torch.tensor(starts, device=device)[:, None].repeat(1, width)
+            mask = torch.eye(width, dtype=torch.bool, device=device).repeat(B, 1, 1)
+            for b in range(B):
+                where = {c: i for i, c in enumerate(expanded[b])}
+                for i, c in enumerate(expanded[b]):
+                    tok, parent, _ = cands[b][c]
+                    tokens[b, i] = tok
+                    features[b, i] = parent_feature[b][parent]
+                    depth, a = 0, parent
+                    while a >= 0:
+                        mask[b, i, where[a]] = True
+                        a, depth = cands[b][a][1], depth + 1
+                    positions[b, i] += depth
+            out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts, mask)
+            for b in range(B):
+                new_cands = []
+                idx = torch.tensor([expanded[b].index(c) for c in frontier[b]], device=device)
+                node_logp = torch.log_softmax(self.target.logits(out[b, idx]).float(), -1)
+                top = torch.topk(node_logp, tree.top_k, dim=-1)
+                for j, c in enumerate(frontier[b]):
+                    parent_feature[b][c] = out[b, idx[j]]
+                    base = cands[b][c][2]
+                    for v, t in zip(top.values[j].tolist(), top.indices[j].tolist()):
+                        new_cands.append((t, c, base + v))
+                first = len(cands[b])
+                cands[b] += new_cands
+                order = sorted(range(first, len(cands[b])), key=lambda c: -cands[b][c][2])
+                frontier[b] = order[: tree.top_k]
+        return [self.select(cands[b], min(ks[b], tree.total_tokens)) for b in range(B)]
+
+    @staticmethod
+    def select(cands: list[tuple[int, int, float]], n: int) -> Draft:
+        """The n best-scoring candidates (with their ancestors), as a Draft with parents first."""
+        keep: set[int] = set()
+        for c in sorted(range(len(cands)), key=lambda c: -cands[c][2]):
+            chain = []
+            a = c
+            while a >= 0 and a not in keep:
+                chain.append(a)
+                a = cands[a][1]
+            if len(keep) + len(chain) > n:
+                continue
+            keep.update(chain)
+            if len(keep) == n:
+                break
+        ordered = sorted(keep)  # candidates were appended parents-first, so index order is topological
+        where = {c: i for i, c in enumerate(ordered)}
+        return Draft(tokens=[cands[c][0] for c in ordered],
+                     parents=[where[cands[c][1]] if cands[c][1] >= 0 else -1 for c in ordered])

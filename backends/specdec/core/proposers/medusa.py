@@ -1,0 +1,76 @@
+"""Medusa: extra heads on the target's last hidden state propose a static tree of top-k tokens.
+
+A tree is a list of paths of top-k indices: [0, 1] is head 0's best token followed by head 1's
+second best. Paths come in priority order with parents first, so the first k paths form a
+smaller tree: that is how the policy's k shrinks a Medusa draft.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specdec.core.errors import ConfigurationError
+from specdec.core.models.heads import MedusaHeads
+from specdec.core.sequence import Sequence
+from specdec.core.verify import Draft
+
+# The tree Medusa ships for Vicuna-7B (63 nodes, depth 4): public data from FasterDecoding/Medusa.
+MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]  # noqa: E501
+
+
+def check_tree(paths: list[list[int]], num_heads: int, vocab: int) -> list[list[int]]:
+    """Keep paths the heads can fill (depth <= heads, index < vocab); parents must come first."""
+    paths = [list(p) for p in paths if len(p) <= num_heads and max(p, default=0) < vocab]
+    seen: set[tuple[int, ...]] = set()
+    for p in paths:
+        if not p or min(p) < 0:
+            raise ConfigurationError(f"medusa tree path {p} is empty or negative")
+        if len(p) > 1 and tuple(p[:-1]) not in seen:
+            raise ConfigurationError(f"medusa tree path {p} comes before its parent {p[:-1]}")
+        if tuple(p) in seen:
+            raise ConfigurationError(f"medusa tree path {p} appears twice")
+        seen.add(tuple(p))
+    if not paths:
+        raise ConfigurationError("medusa tree is empty")
+    return paths
+
+
+class MedusaProposer:
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None) -> None:
+        self.heads = heads
+        self.tree = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
+        self.max_k = len(self.tree)
+        self.index = {tuple(p): i for i, p in enumerate(self.tree)}
+        self.topk = max(max(p) for p in self.tree) + 1
+        self.last_hidden: dict[int, Tensor] = {}
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        self.last_hidden.clear()
+
+    def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
+        for s, f in zip(seqs, features):
+            self.last_hidden[s.slot] = f[-1]
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = [Draft.empty() for _ in seqs]
+        active = [b for b, k in enumerate(ks) if k > 0]
+        if not active:
+            return drafts
+        hidden = torch.stack([self.last_hidden[seqs[b].slot] for b in active])
+        top = torch.topk(self.heads(hidden), self.topk, dim=-1).indices.tolist()  # [heads][B][topk]
+        for row, b in enumerate(active):
+            paths = self.tree[: ks[b]]
+            drafts[b] = Draft(
+                tokens=[top[len(p) - 1][row][p[-1]] for p in paths],
+                parents=[self.index[tuple(p[:-1])] if len(p) > 1 else -1 for p in paths],
+            )
+        return drafts
+
+    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+        self.last_hidden[seq.slot] = features[-1]
+
+    def release(self, slot: int) -> None:
+        self.last_hidden.pop(slot, None)

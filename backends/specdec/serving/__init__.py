@@ -1,0 +1,1 @@
+"""Serving on Triton: the decoupled Python backend, request interface, server launcher, client."""

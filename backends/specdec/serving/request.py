@@ -1,0 +1,194 @@
+"""The request interface (tensor names of Triton's TensorRT-LLM and vLLM backends) and its parsing.
+
+`INPUTS`/`OUTPUTS` are the single source for the model configs (`repository.py`) and the README
+table. `parse()` turns one request's input arrays and parameters into a prompt and SamplingParams,
+raising InvalidRequest with a message that names the offending input. It takes plain numpy arrays,
+so it is tested without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec.core.errors import InvalidRequest
+from specdec.core.sampling import SamplingParams
+
+DEFAULT_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    dtype: str  # Triton config type
+    dims: str
+    default: object
+    doc: str
+    optional: bool = True
+
+
+INPUTS = [
+    Field("text_input", "TYPE_STRING", "[ 1 ]", None, "the prompt (UTF-8)", optional=False),
+    Field("max_tokens", "TYPE_INT32", "[ 1 ]", DEFAULT_MAX_TOKENS, "tokens to generate, 1 .. max_context - 1"),
+    Field("stream", "TYPE_BOOL", "[ 1 ]", False, "true: one response per engine step (text delta); false: one response"),
+    Field("temperature", "TYPE_FP32", "[ 1 ]", 0.0, "0 = greedy; > 0 samples"),
+    Field("top_p", "TYPE_FP32", "[ 1 ]", 1.0, "nucleus cut, in (0, 1]"),
+    Field("top_k", "TYPE_INT32", "[ 1 ]", 0, "0 = no top-k cut"),
+    Field("seed", "TYPE_UINT64", "[ 1 ]", None, "sampling seed (reproducible output); none = random"),
+    Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name)"),
+    Field("stop_words", "TYPE_STRING", "[ -1 ]", [], "strings that end the output (not included)"),
+    Field("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", False, "false: the prompt is prepended to the text"),
+    Field("num_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "cap on speculated tokens per step (0 = off); none = model's k"),
+    Field("min_tokens", "TYPE_INT32", "[ 1 ]", 0, "EOS is suppressed before this many tokens"),
+    Field("min_length", "TYPE_INT32", "[ 1 ]", 0, "alias of min_tokens (genai-perf sends it)"),
+    Field("ignore_eos", "TYPE_BOOL", "[ 1 ]", False, "keep generating past EOS (fixed-length benchmarks)"),
+    Field("sampling_parameters", "TYPE_STRING", "[ 1 ]", None,
+          "JSON object as Triton's vLLM backend takes it: max_tokens, temperature, top_p, top_k, seed, "
+          "stop, min_tokens, ignore_eos (the tensors above win)"),
+]
+
+# keys of the vLLM backend's `sampling_parameters` JSON that map onto our inputs
+SAMPLING_JSON = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                 "seed": "seed", "stop": "stop_words", "min_tokens": "min_tokens", "ignore_eos": "ignore_eos"}
+
+OUTPUTS = [
+    Field("text_output", "TYPE_STRING", "[ -1 ]", None, "streamed: the new text of this step; else the whole text"),
+    Field("output_ids", "TYPE_INT32", "[ -1 ]", None, "the token ids in this response"),
+    Field("total_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "draft tokens proposed for this request so far"),
+    Field("total_accepted_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "of those, accepted by the target"),
+    Field("acceptance_rate", "TYPE_FP32", "[ 1 ]", None, "accepted / draft tokens (0 when nothing was drafted)"),
+    Field("finish_reason", "TYPE_STRING", "[ 1 ]", None, "empty until the last response: length, eos, stop, cancelled"),
+]
+
+INPUT_NAMES = {f.name for f in INPUTS}
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str
+    params: SamplingParams
+    stream: bool
+    exclude_input: bool
+
+
+def parse(inputs: dict[str, np.ndarray], parameters: dict | str | None = None) -> ParsedRequest:
+    """Inputs by name (numpy arrays as Triton hands them over) + request parameters -> ParsedRequest.
+
+    Request parameters may carry the same names as the inputs (an input wins); any other parameter
+    is rejected, so a misspelt option never silently does nothing."""
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters) if parameters.strip() else {}
+    values: dict[str, object] = {}
+    for key, value in (parameters or {}).items():
+        if key.startswith("triton_"):  # set by Triton's frontends themselves
+            continue
+        if key not in INPUT_NAMES:
+            raise InvalidRequest(f"unknown parameter {key!r}; known: {', '.join(sorted(INPUT_NAMES))}")
+        values[key] = np.array([value.encode() if isinstance(value, str) else value])
+    for key, array in inputs.items():
+        if key not in INPUT_NAMES:
+            raise InvalidRequest(f"unknown input {key!r}; known: {', '.join(sorted(INPUT_NAMES))}")
+        values[key] = np.asarray(array)
+
+    if "sampling_parameters" in values:
+        _merge_sampling_json(values)
+
+    if "text_input" not in values:
+        raise InvalidRequest("text_input is missing")
+    prompt = _text(values["text_input"], "text_input")
+    if not prompt:
+        raise InvalidRequest("text_input is empty")
+
+    seed = _scalar(values, "seed", int)
+    if seed is None:
+        seed = _scalar(values, "random_seed", int)
+    min_tokens = _scalar(values, "min_tokens", int)
+    if min_tokens is None:
+        min_tokens = _scalar(values, "min_length", int)
+    stop = [_decode(s, "stop_words") for s in np.asarray(values.get("stop_words", [])).reshape(-1)]
+    params = SamplingParams(
+        max_tokens=_get(values, "max_tokens", int, DEFAULT_MAX_TOKENS),
+        temperature=_get(values, "temperature", float, 0.0),
+        top_p=_get(values, "top_p", float, 1.0),
+        top_k=_get(values, "top_k", int, 0),
+        seed=seed,
+        stop=[s for s in stop if s],
+        min_tokens=min_tokens or 0,
+        ignore_eos=_get(values, "ignore_eos", bool, False),
+        num_draft_tokens=_scalar(values, "num_draft_tokens", int),
+    )
+    if math.isnan(params.temperature):
+        raise InvalidRequest("temperature must be a finite number >= 0, got nan")
+    params.validate()
+    return ParsedRequest(prompt, params, _get(values, "stream", bool, False),
+                         _get(values, "exclude_input_in_output", bool, False))
+
+
+def _scalar(values: dict, name: str, kind: type):
+    if name not in values:
+        return None
+    array = np.asarray(values[name])
+    if array.size != 1:
+        raise InvalidRequest(f"{name} must hold exactly one value, got shape {list(array.shape)}")
+    v = array.reshape(-1)[0]
+    if isinstance(v, (bytes, str, np.bytes_, np.str_)) and kind is not str:
+        raise InvalidRequest(f"{name} must be a number, got text {v!r}")
+    if kind is bool:
+        return bool(v)
+    if kind is int:
+        if isinstance(v, (float, np.floating)) and not float(v).is_integer():
+            raise InvalidRequest(f"{name} must be an integer, got {v!r}")
+        return int(v)
+    return float(v)
+
+
+def _get(values: dict, name: str, kind: type, default):
+    v = _scalar(values, name, kind)
+    return default if v is None else v
+
+
+def _text(array: np.ndarray, name: str) -> str:
+    array = np.asarray(array)
+    if array.size != 1:
+        raise InvalidRequest(f"{name} must hold exactly one string, got shape {list(array.shape)}")
+    return _decode(array.reshape(-1)[0], name)
+
+
+def _decode(v, name: str) -> str:
+    if isinstance(v, (bytes, np.bytes_)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if isinstance(v, str):
+        return v
+    raise InvalidRequest(f"{name} must be a string, got {type(v).__name__}")
+
+
+def _merge_sampling_json(values: dict) -> None:
+    raw = _text(values.pop("sampling_parameters"), "sampling_parameters")
+    try:
+        options = json.loads(raw) if raw.strip() else {}
+    except ValueError as exc:
+        raise InvalidRequest(f"sampling_parameters is not valid JSON ({exc})") from None
+    if not isinstance(options, dict):
+        raise InvalidRequest("sampling_parameters must be a JSON object")
+    for key, value in options.items():
+        if key not in SAMPLING_JSON:
+            raise InvalidRequest(f"sampling_parameters: unsupported key {key!r}; supported: {', '.join(SAMPLING_JSON)}")
+        name = SAMPLING_JSON[key]
+        if name in values:  # an explicit input wins
+            continue
+        if name == "stop_words":
+            stops = [value] if isinstance(value, str) else value
+            if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+                raise InvalidRequest("sampling_parameters: stop must be a string or a list of strings")
+            values[name] = np.array([x.encode() for x in stops], dtype=np.object_)
+        elif isinstance(value, (bool, int, float)) or value is None:
+            if value is not None:
+                values[name] = np.array([value])
+        else:
+            raise InvalidRequest(f"sampling_parameters: {key} must be a number, got {value!r}")

@@ -1,0 +1,307 @@
+"""Start the real `tritonserver` from the nvidia-pytriton wheel with the specdec backend.
+
+`assemble_backends()` builds a backend directory: `python/` (pytriton's libtriton_python.so, its
+utils and the stub for this Python version) and `specdec/model.py` (an entry point importing
+`specdec.serving.model`), so model configs say `backend: "specdec"`. `TritonServer` runs the binary
+with the environment it needs (DESIGN.md section 6): the venv's bin first on PATH, the wheel's
+`nvidia_pytriton.libs` on LD_LIBRARY_PATH, a unique shared-memory prefix, and waits until every
+model is ready. `main()` is `specdec serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from specdec.paths import CACHE, MODEL_REPOSITORY, PACKAGE_ROOT
+
+ENTRY_POINT = "from specdec.serving.model import TritonPythonModel  # noqa: F401\n"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def pytriton_root() -> Path:
+    try:
+        import pytriton
+    except ImportError as exc:  # pragma: no cover - the serve extra is missing
+        raise ServerError("nvidia-pytriton is not installed: pip install -e '.[serve]'") from exc
+    root = Path(pytriton.__file__).resolve().parent
+    if not (root / "tritonserver" / "bin" / "tritonserver").exists():
+        raise ServerError(f"{root}: the wheel has no tritonserver binary")
+    return root
+
+
+def tritonserver_binary() -> Path:
+    return pytriton_root() / "tritonserver" / "bin" / "tritonserver"
+
+
+def assemble_backends(folder: str | Path | None = None) -> Path:
+    """The backend directory (cached per pytriton install and Python version); returns its path."""
+    triton = pytriton_root() / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = triton / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ServerError(f"pytriton ships no Python backend stub for Python {version} ({stub})")
+    if folder is None:
+        key = hashlib.sha1(f"{triton}|{version}|{ENTRY_POINT}".encode()).hexdigest()[:12]
+        folder = CACHE / "triton-backends" / key
+    folder = Path(folder)
+    python, ours = folder / "python", folder / "specdec"
+    python.mkdir(parents=True, exist_ok=True)
+    ours.mkdir(parents=True, exist_ok=True)
+    for src in (triton / "backends" / "python").iterdir():
+        if src.is_file():
+            _copy(src, python / src.name)  # a copy: tritonserver rejects a library that symlinks out
+    _copy(stub, python / stub.name)  # the backend looks for the stub next to libtriton_python.so
+    _copy(stub, ours / stub.name)
+    entry = ours / "model.py"
+    if not entry.exists() or entry.read_text() != ENTRY_POINT:
+        tmp = entry.with_name(f".model.py.{os.getpid()}")
+        tmp.write_text(ENTRY_POINT)
+        os.replace(tmp, entry)
+    return folder
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if dst.exists() and dst.stat().st_size == src.stat().st_size:
+        return
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}")  # atomic, also with several servers starting at once
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def server_env(threads: int | None = None) -> dict[str, str]:
+    """tritonserver's environment: venv bin first on PATH, the wheel's libraries, our package."""
+    env = dict(os.environ)
+    # the environment that holds pytriton (and torch): its bin/ first, as `activate` does
+    venv_bin = pytriton_root().parents[3] / "bin"
+    if not (venv_bin / "python").exists():
+        venv_bin = Path(sys.executable).parent
+    env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("VIRTUAL_ENV", str(venv_bin.parent))
+    root = pytriton_root()
+    libs = [str(root.parent / "nvidia_pytriton.libs"), str(root / "tritonserver" / "external_libs")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [p for p in libs if Path(p).is_dir()] + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver process; a context manager that always kills what it started."""
+
+    def __init__(
+        self, model_repository: str | Path, models: list[str] | None = None, http_port: int = 8000,
+        grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 3, log_file: str | Path | None = None,
+        verbose: bool = False, backend_dir: str | Path | None = None, extra_args: list[str] | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        if not self.model_repository.is_dir():
+            raise ServerError(f"model repository {self.model_repository} does not exist")
+        self.models = models or sorted(p.name for p in self.model_repository.iterdir() if (p / "config.pbtxt").exists())
+        if not self.models:
+            raise ServerError(f"no models (folders with config.pbtxt) in {self.model_repository}")
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.exit_timeout_s, self.verbose, self.extra_args = exit_timeout_s, verbose, extra_args or []
+        self.backend_dir = Path(backend_dir) if backend_dir else None
+        self.log_path = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://localhost:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        backend_dir = assemble_backends(self.backend_dir)
+        cmd = [
+            str(tritonserver_binary()),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backend_dir}",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true", "--allow-gpu-metrics=false", "--allow-cpu-metrics=false",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            "--model-control-mode=explicit", *[f"--load-model={m}" for m in self.models],
+            "--strict-readiness=true",
+            # a unique shared-memory prefix: several servers (tests, a user's serve) may run at once
+            f"--backend-config=python,shm-region-prefix-name=specdec{os.getpid()}_{self.grpc_port}_",
+            "--log-verbose=1" if self.verbose else "--log-verbose=0",
+            *self.extra_args,
+        ]
+        return cmd
+
+    def start(self, timeout_s: float = 300.0) -> "TritonServer":
+        log = open(self.log_path, "ab")
+        # its own process group (stop() kills the stubs with it), but the caller's session: with
+        # scheduler autogroups a new session would get its own CPU share, unlike the caller
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=server_env(),
+                                     process_group=0)
+        log.close()
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.models)
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.proc.returncode} before it was ready:\n"
+                                  f"{self.log_tail()}")
+            pending = [m for m in pending if not _ok(f"http://{self.http_url}/v2/models/{m}/ready")]
+            if not pending and _ok(f"http://{self.http_url}/v2/health/ready"):
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"models not ready after {timeout_s:.0f} s: {', '.join(pending)}\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGINT (clean shutdown), then SIGKILL the whole process group if it lingers."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 10)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        try:  # stubs left behind by a hung server die with the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="specdec serve", description="Serve a model repository on tritonserver.")
+    ap.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
+    ap.add_argument("--models", nargs="*", help="load only these models (default: every model in the repository)")
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--exit-timeout-secs", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every model to be ready")
+    ap.add_argument("--log-file", help="tritonserver log (default: a temp file, its tail is shown on failure)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        server = TritonServer(args.model_repository, args.models, args.http_port, args.grpc_port, args.metrics_port,
+                              args.exit_timeout_secs, args.log_file, args.verbose)
+        check_checkpoints(server.model_repository, server.models)
+        for port in (args.http_port, args.grpc_port, args.metrics_port):
+            if not _port_free(port):
+                raise ServerError(f"port {port} is in use (pick others with --http-port/--grpc-port/--metrics-port)")
+        print(f"starting tritonserver with {', '.join(server.models)} (log: {server.log_path}) ...", flush=True)
+        t0 = time.monotonic()
+        server.start(args.timeout)
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    stop = {"now": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"ready in {time.monotonic() - t0:.0f} s\n"
+          f"  gRPC     {server.grpc_url}\n"
+          f"  HTTP     http://{server.http_url}   (POST /v2/models/<model>/generate, /generate_stream)\n"
+          f"  metrics  {server.metrics_url}\n"
+          f"  models   {', '.join(server.models)}\n"
+          f"try: specdec client --model {server.models[0]} --url {server.grpc_url} \"def fib(n):\"\n"
+          "Ctrl-C stops the server.", flush=True)
+    try:
+        while not stop["now"] and server.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        crashed = server.proc.poll() is not None
+        print("stopping tritonserver ...", flush=True)
+        server.stop()
+    if crashed and not stop["now"]:
+        print(f"error: tritonserver exited with code {server.proc.returncode}\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check_checkpoints(repo: Path, models: list[str]) -> None:
+    """Fail early, naming the folder, when a model's checkpoints are missing (e.g. no demo kit yet)."""
+    from specdec.core.errors import ConfigurationError
+    from specdec.serving.config import engine_config_for
+
+    for model in models:
+        try:
+            cfg = engine_config_for(repo / model)
+        except ConfigurationError as exc:
+            raise ServerError(f"{repo / model / 'config.pbtxt'}: {exc}") from None
+        for key in ("target", "draft", "medusa", "eagle"):
+            folder = getattr(cfg, key)
+            if folder and not Path(folder).is_dir():
+                raise ServerError(
+                    f"model {model}: {key} checkpoint folder {folder} does not exist. Build the demo kit first "
+                    "(make demo), or write a repository for your checkpoints: specdec build-repo --target DIR ...")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

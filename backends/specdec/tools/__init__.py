@@ -1,0 +1,1 @@
+"""Tools on top of the core and serving: benchmarks, load tests, demo, model kit."""

@@ -1,0 +1,156 @@
+"""`specdec bench`: baseline vs every method, side by side in one run, on the same checkpoints and prompts.
+
+Runs are interleaved (repeat r runs every method once before repeat r + 1), so machine noise hits
+all methods alike; speedups are medians of per-repeat ratios. Besides tokens/s it prints what
+explains them: mean accepted length, acceptance per position, and the analytic bound
+tau * t_target / (t_propose + t_verify) from the same run's step costs, so a gap between measured
+and possible speedup (engine overhead) is visible. Greedy outputs are compared with the
+baseline's token for token; a divergence is reported with the baseline's logit margin where it
+happened (fp32 batch shapes can flip a near-tie).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from specdec.core.engine import Engine, EngineMetrics
+from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.tools.kit.evaluate import distinct_n
+from specdec.core.policy import CostModel
+from specdec.core.sampling import SamplingParams
+
+
+@dataclass
+class MethodFigures:
+    method: str
+    batch: int
+    tokens_per_s: float
+    speedup: float
+    mean_accepted_length: float
+    acceptance_rate: float
+    accepted_per_position: list[float]
+    mean_draft_tokens: float
+    identical_share: float
+    analytic_bound: float
+    distinct_4: float  # mean distinct-4 of this method's outputs: low values mean loops, which inflate acceptance
+    divergence_margins: list[float] = field(default_factory=list)
+
+
+def kit_paths(kit: str | Path) -> dict[str, str]:
+    kit = Path(kit)
+    return {name: str(kit / name) for name in ("target", "draft", "medusa", "eagle") if (kit / name).is_dir()}
+
+
+def available_methods(paths: dict[str, str]) -> list[str]:
+    methods = ["baseline", "ngram"]
+    methods += ["draft"] if "draft" in paths else []
+    methods += ["medusa"] if "medusa" in paths else []
+    methods += ["eagle", "eagle2"] if "eagle" in paths else []
+    return methods
+
+
+def run_once(engine: Engine, prompts: list[str], params: SamplingParams) -> tuple[float, list[list[int]], list]:
+    engine.metrics = EngineMetrics()
+    t0 = time.perf_counter()
+    results = engine.generate(prompts, params)
+    seconds = time.perf_counter() - t0
+    return seconds, [r.token_ids for r in results], [r.stats for r in results]
+
+
+def divergence_margin(engine: Engine, prompt: str, ref: list[int], got: list[int]) -> float:
+    """top1 - top2 logit of the target where `got` first leaves `ref` (a plain full forward)."""
+    i = next(i for i, (a, b) in enumerate(zip(ref, got)) if a != b)
+    tokens = torch.tensor([engine.tokenizer.encode(prompt) + ref[:i]], device=engine.device)
+    with torch.inference_mode():
+        top2 = torch.topk(engine.target.logits(engine.target(tokens))[0, -1].float(), 2).values
+    return float(top2[0] - top2[1])
+
+
+def verify_cost_curve(engine: Engine, max_tokens: int = 64) -> dict[int, float]:
+    """Target forward time over n tokens relative to one token: the price of verifying drafts.
+
+    Speculation pays when this stays near 1 (memory-bound decoding, as on GPUs); where it grows
+    almost linearly (small models whose weights sit in CPU cache) every rejected token costs.
+    """
+    cost = CostModel.measure(engine.probe_forward, max_tokens)
+    return {n: s / cost.seconds[0] for n, s in zip(cost.token_counts, cost.seconds)}
+
+
+def bench(
+    base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
+    repeats: int, log=print,
+) -> list[MethodFigures]:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    figures: list[MethodFigures] = []
+    for batch in batch_sizes:
+        engines = {m: build_engine(replace(base, method=m, max_batch=batch)) for m in methods}
+        if batch == batch_sizes[0]:
+            curve = verify_cost_curve(engines["baseline"])
+            log("target forward time vs tokens (relative to 1): "
+                + ", ".join(f"{n}: {r:.2f}" for n, r in curve.items()))
+        for eng in engines.values():  # warm-up: first calls allocate and fill caches
+            eng.generate(prompts[:batch], SamplingParams(max_tokens=8, ignore_eos=True))
+        seconds: dict[str, list[float]] = {m: [] for m in methods}
+        outputs: dict[str, list[list[int]]] = {}
+        stats: dict[str, list] = {}
+        metrics: dict[str, EngineMetrics] = {}
+        for r in range(repeats):
+            for m, eng in engines.items():
+                s, outputs[m], stats[m] = run_once(eng, prompts, params)
+                seconds[m].append(s)
+                metrics[m] = eng.metrics
+                log(f"  batch {batch} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
+        base_m = metrics["baseline"]
+        t_target = base_m.verify_seconds / max(base_m.steps, 1)
+        for m in methods:
+            mt = metrics[m]
+            tokens = sum(map(len, outputs[m]))
+            ratios = [seconds["baseline"][r] / seconds[m][r] for r in range(repeats)]
+            rounds = sum(st.steps - 1 for st in stats[m])
+            tau = sum(st.output_tokens - 1 for st in stats[m]) / max(rounds, 1)
+            step_cost = (mt.propose_seconds + mt.verify_seconds) / max(mt.steps, 1)
+            identical = [a == b for a, b in zip(outputs[m], outputs["baseline"])]
+            margins = [divergence_margin(engines[m], p, ref, got)
+                       for p, ref, got, same in zip(prompts, outputs["baseline"], outputs[m], identical) if not same]
+            figures.append(MethodFigures(
+                method=m, batch=batch, tokens_per_s=tokens / statistics.median(seconds[m]),
+                speedup=statistics.median(ratios), mean_accepted_length=tau,
+                acceptance_rate=mt.accepted_tokens / mt.draft_tokens if mt.draft_tokens else 0.0,
+                accepted_per_position=[a / mt.drafts for a in mt.accepted_per_position] if mt.drafts else [],
+                mean_draft_tokens=mt.draft_tokens / mt.drafts if mt.drafts else 0.0,
+                identical_share=sum(identical) / len(identical),
+                analytic_bound=tau * t_target / step_cost if step_cost else 0.0,
+                distinct_4=statistics.mean(distinct_n(o, 4) for o in outputs[m]),
+                divergence_margins=sorted(margins),
+            ))
+        del engines
+    return figures
+
+
+def table(figures: list[MethodFigures]) -> str:
+    head = ("| batch | method | tok/s | speedup | bound | speedup/bound | mean acc. len | acc. rate | "
+            "draft tok/round | acc. per position | distinct-4 | greedy identical |")
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for f in figures:
+        pos = " ".join(f"{a:.2f}" for a in f.accepted_per_position[:6])
+        eff = f"{f.speedup / f.analytic_bound:.0%}" if f.analytic_bound else "-"
+        ident = f"{f.identical_share:.0%}"
+        if f.divergence_margins:
+            ident += f" (margins {', '.join(f'{m:.3f}' for m in f.divergence_margins[:3])})"
+        lines.append(
+            f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | {f.analytic_bound:.2f}x | {eff} | "
+            f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
+            f"{f.distinct_4:.2f} | {ident} |"
+        )
+    return "\n".join(lines)
+
+
+def write_json(figures: list[MethodFigures], path: str | Path, setup: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"setup": setup, "figures": [asdict(f) for f in figures]}, indent=2) + "\n")

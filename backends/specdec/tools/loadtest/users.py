@@ -1,0 +1,406 @@
+"""Locust users that stream completions from specdec models on Triton and record every request.
+
+`GrpcStreamUser` streams over gRPC (tritonclient, one bidirectional stream per user, requests told
+apart by id); `HttpSseUser` over HTTP `/v2/models/<m>/generate_stream` (server-sent events). Each
+request becomes a `Sample` (time to first token, every response's arrival time and token count,
+end-to-end latency, the server's acceptance outputs, the error if any). Samples go
+
+- to Locust's statistics, as request events (`<model>` = whole request, `<model> TTFT` = time to
+  first token), so the web UI and the headless summary show them;
+- to `--samples-out` as JSON lines, the raw data of `specdec loadtest`'s figures. Workers of a
+  distributed run forward theirs to the master, which writes the file.
+
+Options (also in the web UI's "Custom parameters", and as LOCUST_<NAME> environment variables):
+--model, --canary-model/--canary-share (route a share of requests to another model), --prompts-file
+or --prompt-band, --max-tokens, --temperature, --top-p, --top-k, --seed, --grpc-url,
+--samples-out, --max-requests, --request-timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import gevent
+from gevent.queue import Empty, Queue
+from locust import User, constant, events, task
+from locust.exception import StopUser
+
+try:  # let gRPC's blocking calls yield to other greenlets (Locust runs users on gevent)
+    import grpc.experimental.gevent as grpc_gevent
+
+    grpc_gevent.init_gevent()
+except Exception:  # pragma: no cover - grpc without gevent support: the HTTP user still works
+    pass
+
+
+@dataclass
+class Sample:
+    model: str
+    protocol: str
+    start: float  # wall clock (time.time()) when the request was sent
+    prompt_index: int
+    max_tokens: int
+    temperature: float
+    chunks: list[list[float]] = field(default_factory=list)  # [seconds after start, tokens] per response
+    tokens: int = 0
+    text_chars: int = 0
+    ttft: float | None = None
+    e2e: float | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0
+    finish_reason: str = ""
+    error: str | None = None
+    worker: str = ""
+    served_model: str = ""  # set when a canary router names the model that served the request
+
+    def add(self, at: float, text: str, ids: int) -> None:
+        self.chunks.append([round(at, 6), ids])
+        self.tokens += ids
+        self.text_chars += len(text)
+        if ids and self.ttft is None:
+            self.ttft = at
+
+
+# ---- command-line options (Locust shows them in the web UI as well) ---------------------------------
+@events.init_command_line_parser.add_listener
+def _options(parser) -> None:
+    g = parser  # top-level options: Locust lists those (not argument groups) in the web UI
+    g.add_argument("--model", default="spec_eagle", help="served model to load-test")
+    g.add_argument("--canary-model", default="", help="send --canary-share of the requests to this model instead")
+    g.add_argument("--canary-share", type=float, default=0.0, help="share of requests for --canary-model (0..1)")
+    g.add_argument("--prompts-file", default="", help="JSONL with a \"prompt\" per line (default: held-out code)")
+    g.add_argument("--prompt-band", default="short", choices=["short", "long"], help="held-out prompt length")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="request i gets seed + i (sampled workloads)")
+    g.add_argument("--grpc-url", default="", help="gRPC address (default: --host's name, port 8001)")
+    g.add_argument("--samples-out", default="", help="write one JSON line per request here")
+    g.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0 = run time only)")
+    g.add_argument("--request-timeout", type=float, default=300.0)
+    g.add_argument("--send-for", type=float, default=0.0,
+                   help="send new requests only this many seconds after the first (0 = until stopped); "
+                        "with a longer --run-time, requests in flight end before a distributed run stops")
+
+
+class _State:
+    """Per-process state: prompts, request counter, sample sink."""
+
+    def __init__(self, environment) -> None:
+        o = environment.parsed_options
+        self.environment = environment
+        self.options = o
+        self.prompts = _load_prompts(o)
+        self.prompts_key = (o.prompts_file, o.prompt_band, o.seed)
+        self.counter = itertools.count()
+        self.done = 0
+        self.rng = random.Random(o.seed)
+        self.pending: list[dict] = []
+        self.first: float | None = None
+        self.file = open(o.samples_out, "a", buffering=1) if o.samples_out and not _is_worker(environment) else None
+
+    def refresh(self) -> None:
+        """Reload the prompts when their options changed (the web UI sets options per run)."""
+        o = self.options = self.environment.parsed_options
+        if (o.prompts_file, o.prompt_band, o.seed) != self.prompts_key:
+            self.prompts = _load_prompts(o)
+            self.prompts_key = (o.prompts_file, o.prompt_band, o.seed)
+
+    def next_request(self) -> tuple[int, str]:
+        o = self.options
+        now = time.monotonic()
+        self.first = self.first if self.first is not None else now
+        while o.send_for and now - self.first > o.send_for:
+            gevent.sleep(0.2)  # done sending; the run ends at --run-time
+            now = time.monotonic()
+        i = next(self.counter)
+        if o.max_requests and i >= o.max_requests:
+            raise StopUser()
+        model = o.model
+        if o.canary_model and self.rng.random() < o.canary_share:
+            model = o.canary_model
+        return i, model
+
+    def record(self, sample: Sample) -> None:
+        o = self.options
+        ms = (sample.e2e or 0.0) * 1000
+        kind = "gRPC-stream" if sample.protocol == "grpc" else "SSE"
+        exc = RuntimeError(sample.error) if sample.error else None
+        fire = self.environment.events.request.fire
+        fire(request_type=kind, name=sample.model, response_time=ms, response_length=sample.tokens, exception=exc,
+             context={"ttft_ms": (sample.ttft or 0) * 1000, "acceptance_rate": sample.acceptance_rate})
+        if sample.ttft is not None:
+            fire(request_type=kind, name=f"{sample.model} TTFT", response_time=sample.ttft * 1000, response_length=0,
+                 exception=None, context={})
+        line = asdict(sample)
+        if self.file is not None:
+            self.file.write(json.dumps(line) + "\n")
+        elif _is_worker(self.environment):
+            self.pending.append(line)
+            self.flush_to_master()  # at once: a headless master quits without waiting for workers
+        self.done += 1
+        if o.max_requests and self.done >= o.max_requests and self.environment.runner is not None:
+            gevent.spawn_later(0.1, self.environment.runner.quit)
+
+    def flush_to_master(self) -> None:
+        if self.pending and self.environment.runner is not None:
+            batch, self.pending = self.pending, []
+            self.environment.runner.send_message("specdec_samples", batch)
+
+
+def _is_worker(environment) -> bool:
+    from locust.runners import WorkerRunner
+
+    return isinstance(environment.runner, WorkerRunner)
+
+
+def _load_prompts(o) -> list[str]:
+    if o.prompts_file:
+        prompts = []
+        with open(o.prompts_file) as f:  # the same format as specdec.tools.prompts.load_jsonl, without its imports
+            for line in f:
+                if line.strip():
+                    obj = json.loads(line)
+                    prompts.append(obj.get("prompt", obj.get("text_input")))
+    else:
+        from specdec.tools.prompts import heldout_prompts
+
+        prompts = heldout_prompts(32, o.prompt_band, o.seed)
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError("prompts: expected non-empty \"prompt\" strings")
+    return prompts
+
+
+STATE: dict[int, _State] = {}
+
+
+def state(environment) -> _State:
+    s = STATE.get(id(environment))
+    if s is None:
+        s = STATE[id(environment)] = _State(environment)
+    return s
+
+
+@events.init.add_listener
+def _on_init(environment, **kwargs) -> None:
+    from locust.runners import MasterRunner, WorkerRunner
+
+    runner = environment.runner
+    if not isinstance(runner, MasterRunner):
+        # the heavy imports now: the run time starts counting when users spawn
+        from specdec.serving import client  # noqa: F401
+        from specdec.serving import request  # noqa: F401  (what client.request_inputs imports: torch and all)
+
+        if not isinstance(runner, WorkerRunner) and environment.parsed_options is not None:
+            state(environment)  # prompts too (a worker gets its options from the master when users spawn)
+    if isinstance(runner, MasterRunner):
+        o = environment.parsed_options
+        sink = {"file": None}
+
+        def on_samples(msg, **kw) -> None:
+            if o.samples_out:
+                if sink["file"] is None:
+                    sink["file"] = open(o.samples_out, "a", buffering=1)
+                for line in msg.data:
+                    sink["file"].write(json.dumps(line) + "\n")
+        runner.register_message("specdec_samples", on_samples)
+    elif isinstance(runner, WorkerRunner):
+        def periodic() -> None:
+            while True:
+                gevent.sleep(1.0)
+                if id(environment) in STATE:
+                    STATE[id(environment)].flush_to_master()
+        gevent.spawn(periodic)
+
+
+@events.test_start.add_listener
+def _on_start(environment, **kwargs) -> None:
+    s = STATE.get(id(environment))
+    if s is not None:  # a new run from the web UI starts counting afresh
+        s.counter, s.done, s.first = itertools.count(), 0, None
+
+
+@events.test_stop.add_listener
+def _on_stop(environment, **kwargs) -> None:
+    s = STATE.get(id(environment))
+    if s is not None:
+        s.flush_to_master()
+        if s.file is not None:
+            s.file.flush()
+    o = environment.parsed_options
+    if o is not None and o.samples_out and not _is_worker(environment) and environment.stats is not None:
+        # Locust's own accounting next to the samples (the matrix cross-checks the two)
+        totals = {e.name: {"requests": e.num_requests, "failures": e.num_failures,
+                           "content_length": e.total_content_length} for e in environment.stats.entries.values()}
+        with open(o.samples_out + ".locust.json", "w") as f:
+            json.dump(totals, f)
+
+
+# ---- the users ------------------------------------------------------------------------------------------
+class _StreamingUser(User):
+    abstract = True
+    wait_time = constant(0)  # closed loop: each user sends its next request when the last one ends
+    protocol = ""
+
+    def on_start(self) -> None:
+        self.state = state(self.environment)
+        self.state.refresh()
+        self.name = uuid.uuid4().hex[:6]
+
+    @task
+    def generate(self) -> None:
+        i, model = self.state.next_request()
+        o = self.state.options
+        prompts = self.state.prompts
+        sample = Sample(model, self.protocol, time.time(), i % len(prompts), o.max_tokens, o.temperature,
+                        worker=self.name)
+        body = {"text_input": prompts[i % len(prompts)], "max_tokens": o.max_tokens, "stream": True,
+                "exclude_input_in_output": True, "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k}
+        if o.temperature > 0:
+            body["seed"] = o.seed + i
+        t0 = time.perf_counter()
+        try:
+            self.stream(model, body, sample, t0, o.request_timeout)
+        except Exception as exc:  # every failure is a recorded error, never a crashed user
+            sample.error = sample.error or f"{type(exc).__name__}: {exc}"
+            self.reset()
+        sample.e2e = time.perf_counter() - t0
+        self.state.record(sample)
+        if sample.error:
+            gevent.sleep(0.5)  # a failing server must not turn into an error storm
+
+    def reset(self) -> None:
+        """Drop connection state after a failure."""
+
+    def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
+        raise NotImplementedError
+
+
+class GrpcStreamUser(_StreamingUser):
+    """Streams over gRPC with tritonclient: one stream per user, one request at a time on it."""
+
+    protocol = "grpc"
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.client = None
+        self.responses: Queue = Queue()
+
+    def _connect(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        url = self.state.options.grpc_url or _grpc_from_host(self.host)
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=lambda result=None, error=None:
+                                 self.responses.put((time.perf_counter(), result, error)))
+
+    def reset(self) -> None:
+        self.on_stop()
+
+    def on_stop(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.stop_stream(cancel_requests=True)
+                self.client.close()
+            except Exception:
+                pass
+            self.client = None
+
+    def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        from specdec.serving.client import grpc_tensors, request_inputs
+
+        if self.client is None:
+            self._connect()
+        tensors = grpc_tensors(request_inputs(body.pop("text_input"), **body))
+        rid = uuid.uuid4().hex[:16]
+        self.client.async_stream_infer(model, tensors, request_id=rid, enable_empty_final_response=True)
+        deadline = t0 + timeout
+        while True:
+            try:
+                at, result, error = self.responses.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except Empty:
+                sample.error = f"no response within {timeout:.0f} s"
+                self.on_stop()  # the stream is in an unknown state: start a fresh one next time
+                return
+            if error is not None:
+                msg = error.message() if isinstance(error, InferenceServerException) else str(error)
+                sample.error = msg
+                if "stream" in msg.lower() or "unavailable" in msg.lower():
+                    self.on_stop()
+                return
+            response = result.get_response()
+            if response.id and response.id != rid:
+                continue  # a late response of an abandoned request
+            text = result.as_numpy("text_output")
+            if text is not None:
+                ids = result.as_numpy("output_ids")
+                sample.add(at - t0, text[0].decode("utf-8", "replace"), 0 if ids is None else int(ids.size))
+                sample.draft_tokens = int(result.as_numpy("total_draft_tokens")[0])
+                sample.accepted_tokens = int(result.as_numpy("total_accepted_draft_tokens")[0])
+                sample.acceptance_rate = float(result.as_numpy("acceptance_rate")[0])
+                served = result.as_numpy("served_model")
+                if served is not None and served.size:
+                    sample.served_model = served[0].decode()
+                reason = result.as_numpy("finish_reason")
+                if reason is not None and reason.size and reason[0]:
+                    sample.finish_reason = reason[0].decode()
+            if response.parameters["triton_final_response"].bool_param:
+                return
+
+
+class HttpSseUser(_StreamingUser):
+    """Streams over HTTP `generate_stream` (server-sent events); --host is the HTTP address."""
+
+    protocol = "http"
+
+    def on_start(self) -> None:
+        import requests
+
+        super().on_start()
+        self.session = requests.Session()
+
+    def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
+        base = self.host if self.host.startswith("http") else f"http://{self.host}"
+        with self.session.post(f"{base}/v2/models/{model}/generate_stream", json=body, stream=True,
+                               timeout=timeout) as r:
+            buffer = ""
+            for data in r.iter_content(chunk_size=None, decode_unicode=False):
+                at = time.perf_counter()
+                buffer += data.decode("utf-8", "replace")
+                while "\n\n" in buffer:
+                    event, buffer = buffer.split("\n\n", 1)
+                    for line in event.splitlines():
+                        if not line.startswith("data:"):
+                            continue
+                        payload = json.loads(line[5:])
+                        if "error" in payload:
+                            sample.error = payload["error"]
+                            return
+                        ids = payload.get("output_ids")  # a list, or one number when one token came
+                        n = 0 if ids is None else len(ids) if isinstance(ids, list) else 1
+                        sample.add(at - t0, payload.get("text_output", ""), n)
+                        sample.draft_tokens = int(payload.get("total_draft_tokens", 0))
+                        sample.accepted_tokens = int(payload.get("total_accepted_draft_tokens", 0))
+                        sample.acceptance_rate = float(payload.get("acceptance_rate", 0.0))
+                        sample.finish_reason = payload.get("finish_reason") or sample.finish_reason
+                        sample.served_model = payload.get("served_model") or sample.served_model
+            if r.status_code != 200 and sample.error is None:
+                sample.error = f"HTTP {r.status_code}: {r.text[:200]}"
+            elif not sample.chunks and sample.error is None:
+                sample.error = "the stream ended without a response"
+
+
+def _grpc_from_host(host: str | None) -> str:
+    if not host:
+        return "localhost:8001"
+    name = host.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    return f"{name}:8001"
