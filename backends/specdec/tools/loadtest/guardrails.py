@@ -20,7 +20,11 @@ figure) or `ratio_max`, `ratio_min` (on figure / baseline figure at the same loa
 Every decision here respects the evidence: a bound is checked against the figure's confidence
 interval over the interleaved trials (`intervals`), never against a point estimate alone. A bound
 *fails* when the whole interval lies on its wrong side, *passes* when the whole interval lies on its
-right side, and is *undecided* otherwise (with the rounds that would likely decide it). A figure
+right side, and is *undecided* otherwise (with the rounds that would likely decide it). A verdict
+stands on every bound at every level, and any one failing bound can fail it, so each interval is
+taken at the Bonferroni confidence `family_confidence(bounds)`: all of them together hold with
+CONFIDENCE (90%), and a method that truly sits on its thresholds is wrongly kept or rolled back at
+most 5% of the time either way, however many rules and levels there are. A figure
 that is measured once per level (server counters such as mean_accepted_length) has no interval and
 is compared as a point. A load level fails if any rule fails (and, with an `improve` rule, if the
 interval shows the gain missed), passes if every rule passes, and is inconclusive otherwise. Per
@@ -39,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.tools.loadtest.intervals import CONFIDENCE, Interval, rounds_to_clear
+from specdec.tools.loadtest.intervals import CONFIDENCE, Interval, family_confidence, rounds_to_clear
 
 BOUNDS = ("max", "min", "ratio_max", "ratio_min")
 
@@ -54,9 +58,12 @@ class Rule:
     at: str = "all"  # "all" | "peak"
     reason: str = ""
 
-    def check(self, cell: dict) -> list[dict]:
-        """One outcome per bound: {status: pass | fail | undecided, detail, rounds}. A figure the
-        cell does not have (nothing drafted, no local server) passes."""
+    def bounds(self) -> int:
+        return sum(getattr(self, b) is not None for b in BOUNDS)
+
+    def check(self, cell: dict, confidence: float) -> list[dict]:
+        """One outcome per bound, on the interval at `confidence`: {status: pass | fail | undecided,
+        detail, rounds}. A figure the cell does not have (nothing drafted, no local server) passes."""
         why = f" ({self.reason})" if self.reason else ""
         out = []
         for bound, kind in (("max", "mean"), ("min", "mean"), ("ratio_max", "ratio"), ("ratio_min", "ratio")):
@@ -66,6 +73,7 @@ class Rule:
             iv = _interval(cell, self.figure, kind)
             if iv is None:
                 continue
+            iv = iv.at(confidence)
             upper = bound.endswith("max")
             fails, passes = (iv.above(threshold), iv.below(threshold)) if upper else (iv.below(threshold), iv.above(threshold))
             unit = "x baseline" if kind == "ratio" else ""
@@ -150,18 +158,20 @@ def load_guardrails(path: str | Path) -> Guardrails:
     return parse_guardrails(yaml.safe_load(text) or {})
 
 
-def level_check(g: Guardrails, cell: dict, peak: bool) -> dict:
-    """{status: pass | fail | inconclusive, reasons, undecided, rounds} for one load level."""
+def level_rules(g: Guardrails, peak: bool) -> list[Rule]:
+    return [r for r in g.rollback if r.at == "all" or peak] + ([g.improve] if g.improve else [])
+
+
+def level_check(g: Guardrails, cell: dict, peak: bool, confidence: float = CONFIDENCE) -> dict:
+    """{status: pass | fail | inconclusive, reasons, undecided, rounds} for one load level, each bound
+    judged on its interval at `confidence`."""
     f = cell.get("figures") or {}
     if f.get("error") and not f.get("requests"):
         return {"status": "fail", "reasons": [f"no measurement: {f['error']}"], "undecided": [], "rounds": None}
     outcomes = []
-    for r in g.rollback:
-        if r.at == "peak" and not peak:
-            continue
-        outcomes += r.check(cell)
-    if g.improve is not None:
-        outcomes += [{**o, "detail": "gain: " + o["detail"]} for o in g.improve.check(cell)]
+    for r in level_rules(g, peak):
+        prefix = "gain: " if r is g.improve else ""
+        outcomes += [{**o, "detail": prefix + o["detail"]} for o in r.check(cell, confidence)]
     fails = [o["detail"] for o in outcomes if o["status"] == "fail"]
     undecided = [o for o in outcomes if o["status"] == "undecided"]
     if fails:
@@ -185,11 +195,14 @@ def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> li
     for (workload, model), group in groups.items():
         group.sort(key=lambda c: c["concurrency"])
         peak = group[-1]["concurrency"]
+        # every bound at every level may decide the verdict: together they hold with CONFIDENCE
+        confidence = family_confidence(sum(r.bounds() for c in group for r in level_rules(g, c["concurrency"] == peak)))
         levels = []
         for c in group:
-            check = level_check(g, c, c["concurrency"] == peak)
+            check = level_check(g, c, c["concurrency"] == peak, confidence)
             levels.append({"concurrency": c["concurrency"], "rounds_run": _rounds(c), **check})
-        out.append({"workload": workload, "model": model, "levels": levels, **decide(levels)})
+        out.append({"workload": workload, "model": model, "confidence": confidence, "levels": levels,
+                    **decide(levels)})
     return out
 
 
@@ -221,7 +234,7 @@ def decide(levels: list[dict]) -> dict:
 
 
 # ---- the A/A self-check ---------------------------------------------------------------------------------
-AA_FIGURES = ("output_tokens_per_s", "tpot_p50", "tpot_p95", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95")
+AA_FIGURES = ("output_tokens_per_s", "tpot_p50", "ttft_p95", "itl_p95")  # the ratios the shipped guardrails judge
 AA_MARGIN = 0.05  # the smallest margin the shipped guardrails act on (0.95x): a difference they would see
 
 
@@ -231,17 +244,20 @@ def aa_check(cells: list[dict], aa_model: str, margin: float = AA_MARGIN) -> dic
     one the guardrails would act on. Such a run's verdicts cannot be trusted: the machine's noise
     beat the design (it is flagged in the report)."""
     lo, hi = 1 - margin, 1 / (1 - margin)
+    mine = sorted((c for c in cells if c["model"] == aa_model), key=lambda c: (c["workload"], c["concurrency"]))
+    confidence = family_confidence(len(AA_FIGURES) * len(mine))  # like a verdict: all checks together
     levels = []
-    for c in sorted((c for c in cells if c["model"] == aa_model), key=lambda c: (c["workload"], c["concurrency"])):
+    for c in mine:
         diffs = []
         for k in AA_FIGURES:
             d = (c.get("ratios") or {}).get(k)
-            if d and (d["lo"] > hi or d["hi"] < lo):
-                diffs.append(f"{k} {_fmt_iv(Interval(**d), 'x')}")
+            iv = Interval(**d).at(confidence) if d else None
+            if iv and (iv.above(hi) or iv.below(lo)):
+                diffs.append(f"{k} {_fmt_iv(iv, 'x')}")
         levels.append({"workload": c["workload"], "concurrency": c["concurrency"],
                        "result": "difference" if diffs else "no difference", "differences": diffs})
     ok = bool(levels) and all(lv["result"] == "no difference" for lv in levels)
-    return {"model": aa_model, "margin": margin, "passed": ok, "levels": levels}
+    return {"model": aa_model, "margin": margin, "confidence": confidence, "passed": ok, "levels": levels}
 
 
 def _num(x) -> bool:

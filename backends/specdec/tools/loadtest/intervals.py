@@ -17,11 +17,18 @@ n >= 2 (tests/test_loadtest_units.py checks that in a seeded simulation).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from statistics import NormalDist
 
 CONFIDENCE = 0.90  # two-sided: a one-sided claim (above or below a threshold) is wrong <= 5% of the time
+
+
+def family_confidence(checks: int, confidence: float = CONFIDENCE) -> float:
+    """Bonferroni: the confidence each of `checks` intervals needs so that all of them together
+    hold with `confidence` (a verdict stands on many bounds at many load levels; any one of them
+    can fail it, so each must be surer than the verdict)."""
+    return 1 - (1 - confidence) / max(1, checks)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,16 @@ class Interval:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def at(self, confidence: float) -> "Interval":
+        """The same interval at another confidence (wider for a higher one)."""
+        if self.n < 2 or self.sd == 0.0:
+            return replace(self, confidence=confidence)  # unbounded, or no spread: the same interval
+        half = t_quantile(1 - (1 - confidence) / 2, self.n - 1) * self.sd / math.sqrt(self.n)
+        if self.kind == "ratio":
+            centre = math.log(self.value)
+            return replace(self, lo=math.exp(centre - half), hi=math.exp(centre + half), confidence=confidence)
+        return replace(self, lo=self.value - half, hi=self.value + half, confidence=confidence)
 
     def above(self, threshold: float) -> bool:
         """The whole interval lies above the threshold."""

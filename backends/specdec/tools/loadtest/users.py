@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import gevent
 from gevent.queue import Empty, Queue
+from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
@@ -209,7 +210,8 @@ def run_plan(environment, plan: dict) -> None:
     runner = environment.runner
     master = isinstance(runner, MasterRunner)
     gate = None if master else state(environment).gate
-    pool = gevent.get_hub().threadpool
+    # its own thread: the hub's pool is gRPC's (one blocked thread per stream), with 16 streams it has none left
+    pool = ThreadPool(1)
     own = [os.getpid(), os.getppid()] + ([plan["server_pid"]] if plan.get("server_pid") else [])
     with open(plan["out"], "a", buffering=1) as out:
         for index, trial in enumerate(plan["trials"]):
