@@ -77,7 +77,7 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
         # the users' token count equals the server's generation counter and Locust's own statistics
         streamed = sum(s["tokens"] for s in samples)
         assert f["client_output_tokens_all"] == streamed == f["server_output_tokens"]
-        assert f["tokens_match_server"] is True
+        assert f["tokens_match_server"] is True and f["abandoned_requests"] == 0
         assert f["cell_requests_all"] == len(samples) == f["server_requests"]
         locust = json.loads((out / (c["samples"] + ".locust.json")).read_text())[c["model"]]
         assert locust == {"requests": len(samples), "failures": 0, "content_length": streamed}

@@ -54,6 +54,7 @@ class MatrixConfig:
     prompts: int = 32
     seed: int = 0
     stop_timeout_s: float = 120.0
+    drain_s: float = 30.0  # at most this long for a trial's requests in flight to end; the rest are abandoned
     workers: int = 0  # > 0: Locust distributed mode, one master and this many worker processes per level
     out: str = "reports/loadtest"
 
@@ -146,7 +147,8 @@ def locust_command(cfg: MatrixConfig, users: int, workload: Workload, prompts_fi
     user_class = "GrpcStreamUser" if cfg.protocol == "grpc" else "HttpSseUser"
     http = cfg.http_url if cfg.http_url.startswith("http") else f"http://{cfg.http_url}"
     # a cap only: the plan ends the run when its last trial has drained
-    run_time = math.ceil(2 * planned_s + cfg.stop_timeout_s + 60)
+    run_time = math.ceil(2 * planned_s + planned_s / (cfg.warmup_s + cfg.duration_s) * cfg.drain_s
+                         + cfg.stop_timeout_s + 60)
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class, "--headless",
            "-u", str(users), "-r", str(users), "--run-time", f"{run_time}s",
            "--stop-timeout", f"{cfg.stop_timeout_s:.0f}", "--host", http, "--grpc-url", cfg.grpc_url,
@@ -172,9 +174,10 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
     for p in (samples_path, trials_path):
         p.unlink(missing_ok=True)
     plan = trial_plan(models, cfg.rounds)
-    plan_path.write_text(json.dumps({"warmup_s": cfg.warmup_s, "duration_s": cfg.duration_s, "trials": plan,
+    plan_path.write_text(json.dumps({"warmup_s": cfg.warmup_s, "duration_s": cfg.duration_s, "drain_s": cfg.drain_s,
+                                     "trials": plan,
                                      "server_pid": server_pid(cfg.grpc_url), "out": str(trials_path)}))
-    planned_s = len(plan) * (cfg.warmup_s + cfg.duration_s)
+    planned_s = len(plan) * (cfg.warmup_s + cfg.duration_s)  # without drains
     cmd = locust_command(cfg, users, workload, prompts_file, plan_path, samples_path, planned_s, level_dir / "locust")
     before = scrape(cfg.metrics_url)
     t0 = time.time()
@@ -254,6 +257,7 @@ def cell_figures(samples: list[dict], trials: list[dict], before: dict, after: d
         "foreign_cores": sum(t["cpu"]["foreign_cores"] for t in trials) / len(trials) if trials else None,
         "foreign_load_trials": sum(1 for t in trials if t["cpu"]["foreign_load"]),
         "trials": len(trials),
+        "abandoned_requests": sum(t.get("abandoned", 0) for t in trials),  # no response by the end of a drain
         "client_output_tokens_all": client_tokens,  # every request of the level, warm-ups and drains included
         "tokens_match_server": (server.get("server_output_tokens") == client_tokens) if server else None,
         "cell_requests_all": len(samples),

@@ -196,13 +196,14 @@ def markdown(report: dict) -> str:
             if pos:
                 lines.append(f"| {c['model']} | {c['concurrency']} | {' '.join(f'{x:.2f}' for x in pos)} |")
         lines += ["", "### Consistency", "",
-                  "| model | conc | requests (all) | tokens streamed (all) | server generated | match |",
-                  "|---|---:|---:|---:|---:|---|"]
+                  "| model | conc | requests (all) | tokens streamed (all) | server generated | match | "
+                  "abandoned (no response by the end of a trial's drain) |",
+                  "|---|---:|---:|---:|---:|---|---:|"]
         for c in cells:
             f = c["figures"]
             lines.append(f"| {c['model']} | {c['concurrency']} | {f.get('cell_requests_all')} | "
                          f"{f.get('client_output_tokens_all')} | {fmt(f.get('server_output_tokens'), 1, '{:.0f}')} | "
-                         f"{f.get('tokens_match_server')} |")
+                         f"{f.get('tokens_match_server')} | {f.get('abandoned_requests', 0)} |")
         lines.append("")
     if report.get("canary_cells"):
         lines += ["## Canary: live traffic split by the router", "",

@@ -143,7 +143,7 @@ class _State:
                 if self.gate.finished:
                     raise StopUser()
                 gevent.sleep(0.01)
-            self.gate.inflight += 1
+            self.gate.inflight[self.gate.trial] = self.gate.inflight.get(self.gate.trial, 0) + 1
             return next(self.counter), self.gate.model, self.gate.trial
         now = time.monotonic()
         self.first = self.first if self.first is not None else now
@@ -161,7 +161,7 @@ class _State:
     def record(self, sample: Sample) -> None:
         o = self.options
         if sample.trial >= 0:
-            self.gate.inflight -= 1
+            self.gate.inflight[sample.trial] -= 1
         ms = (sample.e2e or 0.0) * 1000
         kind = "gRPC-stream" if sample.protocol == "grpc" else "SSE"
         exc = RuntimeError(sample.error) if sample.error else None
@@ -194,11 +194,20 @@ class Gate:
     trial: int = -1
     open: bool = False
     finished: bool = False
-    inflight: int = 0
+    inflight: dict[int, int] = field(default_factory=dict)  # trial -> its requests in flight
+    given_up: set[int] = field(default_factory=set)  # trials whose requests in flight were abandoned
 
-    def drained(self) -> None:
-        while self.inflight > 0:
+    def drained(self, trial: int, timeout_s: float) -> int:
+        """Wait until the trial's requests have all ended, at most timeout_s; then the users give up
+        on the rest (a request the server never answers must not stall the plan). Returns how many
+        were abandoned."""
+        deadline = time.monotonic() + timeout_s
+        while self.inflight.get(trial, 0) > 0 and time.monotonic() < deadline:
             gevent.sleep(0.01)
+        left = self.inflight.get(trial, 0)
+        if left:
+            self.given_up.add(trial)
+        return left
 
 
 def run_plan(environment, plan: dict) -> None:
@@ -227,21 +236,24 @@ def run_plan(environment, plan: dict) -> None:
             after = pool.spawn(noise.snapshot).get()
             if master:
                 DRAINED.clear()
-                runner.send_message("specdec_gate", {"model": trial["model"], "trial": index, "open": False})
+                runner.send_message("specdec_gate", {"model": trial["model"], "trial": index, "open": False,
+                                                     "drain_s": plan["drain_s"]})
                 while len(DRAINED) < runner.worker_count:
                     gevent.sleep(0.01)
+                abandoned = sum(DRAINED.values())
             else:
                 gate.open = False
-                gate.drained()
+                abandoned = gate.drained(index, plan["drain_s"])
             out.write(json.dumps({**trial, "trial": index, "start": start, "w0": before.wall, "w1": after.wall,
-                                  "end": time.time(), "cpu": noise.trial_cpu(before, after, own, stubs),
+                                  "end": time.time(), "abandoned": abandoned,
+                                  "cpu": noise.trial_cpu(before, after, own, stubs),
                                   "rss_mb": noise.rss_mb(stubs)}) + "\n")
     if gate is not None:
         gate.finished = True
     runner.quit()
 
 
-DRAINED: set[str] = set()  # the master: workers whose requests of the closed trial have all ended
+DRAINED: dict[str, int] = {}  # the master: worker -> requests it abandoned, once the closed trial drained
 
 
 def _is_worker(environment) -> bool:
@@ -308,16 +320,16 @@ def _on_init(environment, **kwargs) -> None:
                 for line in msg.data:
                     sink["file"].write(json.dumps(line) + "\n")
         runner.register_message("specdec_samples", on_samples)
-        runner.register_message("specdec_drained", lambda msg, **kw: DRAINED.add(msg.node_id))
+        runner.register_message("specdec_drained", lambda msg, **kw: DRAINED.__setitem__(msg.node_id, msg.data))
     elif isinstance(runner, WorkerRunner):
         def on_gate(msg, **kw) -> None:
             s = state(environment)
             s.gate.model, s.gate.trial, s.gate.open = msg.data["model"], msg.data["trial"], msg.data["open"]
             if not s.gate.open:
                 def report() -> None:
-                    s.gate.drained()
+                    abandoned = s.gate.drained(msg.data["trial"], msg.data["drain_s"])
                     s.flush_to_master()
-                    runner.send_message("specdec_drained", msg.data["trial"])
+                    runner.send_message("specdec_drained", abandoned)
                 gevent.spawn(report)
         runner.register_message("specdec_gate", on_gate)
 
@@ -435,10 +447,16 @@ class GrpcStreamUser(_StreamingUser):
         deadline = t0 + timeout
         while True:
             try:
-                at, result, error = self.responses.get(timeout=max(0.0, deadline - time.perf_counter()))
+                at, result, error = self.responses.get(timeout=min(1.0, max(0.0, deadline - time.perf_counter())))
             except Empty:
-                sample.error = f"no response within {timeout:.0f} s"
-                self.on_stop()  # the stream is in an unknown state: start a fresh one next time
+                given_up = sample.trial in self.state.gate.given_up
+                if time.perf_counter() < deadline and not given_up:
+                    continue
+                sample.error = (f"no response by the end of trial {sample.trial}'s drain" if given_up else
+                                f"no response within {timeout:.0f} s")
+                # the stream is in an unknown state: leave it (closing it can hang on its reader
+                # thread) and start a fresh one next time
+                self.client, self.responses = None, Queue()
                 return
             if error is not None:
                 msg = error.message() if isinstance(error, InferenceServerException) else str(error)
