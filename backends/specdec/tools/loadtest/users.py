@@ -50,6 +50,10 @@ try:  # let gRPC's blocking calls yield to other greenlets (Locust runs users on
     grpc_gevent.init_gevent()
 except Exception:  # pragma: no cover - grpc without gevent support: the HTTP user still works
     pass
+# gRPC runs its blocking calls in the hub's thread pool, and every open stream keeps one of its threads
+# waiting for responses: with the default 10 threads, users beyond ~10 (a demo at concurrency 16) sent
+# requests whose responses no thread ever read
+gevent.get_hub().threadpool.maxsize = 1024
 
 
 @dataclass
