@@ -34,6 +34,14 @@ from specdec.core.verify import Draft, TypicalAcceptance, greedy_walk, tree_mask
 log = logging.getLogger("specdec.core.engine")
 
 
+# The parts of one decode step, in order. "schedule": dropping cancelled requests and admitting
+# (prefill itself is timed apart); "policy": choosing k and feeding the policy its observations;
+# "inputs": the target's token, position and mask tensors; "verify": accepting a path per row;
+# "compact": moving accepted tree nodes' KV entries; "commit": the proposer's own bookkeeping
+# after verification; "output": committing tokens, stop conditions, detokenizing, streaming.
+PHASES = ("schedule", "policy", "draft", "inputs", "forward", "verify", "compact", "commit", "output")
+
+
 @dataclass
 class EngineMetrics:
     """Engine-wide counters (monotonic), read by the metrics exporter and the benchmark."""
@@ -52,6 +60,9 @@ class EngineMetrics:
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
     verify_tokens: int = 0
+    # where a decode step's time goes (`specdec bench --profile`): seconds per phase, summed over steps
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    decode_seconds: float = 0.0  # whole decode steps: the phases plus what no phase covers
 
 
 @dataclass
@@ -95,6 +106,7 @@ class Engine:
         self.ids = itertools.count()
         self.thread: threading.Thread | None = None
         self.stopping = False
+        self.lap_start = time.perf_counter()
         if self.policy.adaptive:
             self.policy.cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
 
@@ -171,16 +183,28 @@ class Engine:
         """Admit and prefill, then one propose/verify/commit round for every running sequence."""
         admitted: list[Sequence] = []
         try:
+            t0 = time.perf_counter()
             self._drop_cancelled()
             admitted = self._admit()
+            scheduled = time.perf_counter() - t0
             if admitted:
                 self._prefill(admitted)
             if self.running:
+                t1 = self.lap_start = time.perf_counter()
                 self._decode()
+                m = self.metrics
+                m.phase_seconds["schedule"] += scheduled
+                m.decode_seconds += scheduled + time.perf_counter() - t1
         except Exception as exc:  # never leave a client hanging: fail the batch, keep serving
             for seq in list(self.running) + admitted:
                 self._finish(seq, "error", error=f"internal error: {exc!r}")
             raise
+
+    def _lap(self, phase: str) -> None:
+        """Charge the time since the previous lap to `phase` (a few hundred ns: always on)."""
+        now = time.perf_counter()
+        self.metrics.phase_seconds[phase] += now - self.lap_start
+        self.lap_start = now
 
     def _drop_cancelled(self) -> None:
         with self.lock:
@@ -235,9 +259,11 @@ class Engine:
     def _decode(self) -> None:
         seqs = list(self.running)
         ks = self.policy.choose(seqs)
+        self._lap("policy")
         t0 = time.perf_counter()
         drafts = self.proposer.propose(seqs, ks) if self.proposer and any(ks) else [Draft.empty() for _ in seqs]
         t1 = time.perf_counter()
+        self._lap("draft")
         T = 1 + max(len(d) for d in drafts)
         B = len(seqs)
         tokens = torch.zeros(B, T, dtype=torch.long)
@@ -247,33 +273,44 @@ class Engine:
             tokens[b, : len(d) + 1] = torch.tensor([s.tokens[-1]] + d.tokens)
             positions[b] = starts[b] + torch.tensor([0] + d.depths() + [0] * (T - 1 - len(d)))
         masks = None if all(d.is_chain() for d in drafts) else torch.stack([tree_mask(d, T) for d in drafts])
+        self._lap("inputs")
+        t2 = time.perf_counter()
         hidden = self.target(tokens.to(self.device), positions.to(self.device), self.cache,
                              [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device))
         logits = self.target.logits(hidden)
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
+        self._lap("forward")
         m = self.metrics
         m.steps += 1
         m.propose_seconds += t1 - t0
-        m.verify_seconds += t2 - t1
+        m.verify_seconds += t3 - t2
         m.verify_tokens += sum(len(d) + 1 for d in drafts)
         depth_drafted = max((max(d.depths()) for d in drafts if len(d)), default=0)
         self.policy.observe_proposal(seqs, ks, t1 - t0, depth_drafted)
-        self.policy.observe_verify_time(t2 - t1, B * T)
+        self.policy.observe_verify_time(t3 - t2, B * T)
+        self._lap("policy")
         argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
+        self._lap("verify")
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             eos_blocked = seq.params.min_tokens - len(seq.output_ids)
             if seq.params.greedy and eos_blocked <= 0:
                 verdict = greedy_walk(draft, argmax[b])
             else:
                 verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids, eos_blocked, self.typical)
+            self._lap("verify")
             offsets = [0] + [i + 1 for i in verdict.path]
             self.cache.compact(seq.slot, starts[b], offsets)
+            self._lap("compact")
             accepted = [draft.tokens[i] for i in verdict.path]
             self._count(seq, draft, len(accepted))
             self.policy.observe(seq, max(draft.depths(), default=0), len(accepted))
             seq.stats.steps += 1
-            if self._emit(seq, accepted + [verdict.bonus]) and self.proposer is not None:
+            self._lap("policy")
+            running = self._emit(seq, accepted + [verdict.bonus])
+            self._lap("output")
+            if running and self.proposer is not None:
                 self.proposer.commit(seq, verdict.path, hidden[b, offsets])
+                self._lap("commit")
 
     def _count(self, seq: Sequence, draft: Draft, accepted: int) -> None:
         if not len(draft):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.core.engine import Engine, EngineMetrics
+from specdec.core.engine import PHASES, Engine, EngineMetrics
 from specdec.core.engine_config import EngineConfig, build_engine
 from specdec.tools.kit.evaluate import distinct_n
 from specdec.core.policy import CostModel
@@ -40,6 +40,8 @@ class MethodFigures:
     analytic_bound: float
     distinct_4: float  # mean distinct-4 of this method's outputs: low values mean loops, which inflate acceptance
     divergence_margins: list[float] = field(default_factory=list)
+    # one decode step's time by phase (ms, median over repeats; "other": what no phase covers)
+    step_ms: dict[str, float] = field(default_factory=dict)
 
 
 def kit_paths(kit: str | Path) -> dict[str, str]:
@@ -82,6 +84,23 @@ def verify_cost_curve(engine: Engine, max_tokens: int = 64) -> dict[int, float]:
     return {n: s / cost.seconds[0] for n, s in zip(cost.token_counts, cost.seconds)}
 
 
+def step_profile(runs: list[EngineMetrics]) -> dict[str, float]:
+    """Milliseconds per decode step: each phase, what no phase covers ("other") and the whole
+    ("step"), and the tokens a step commits ("tokens"), each the median over the repeats (the machine is shared: one preempted run moves a
+    mean, not a median)."""
+
+    def per_step(m: EngineMetrics) -> dict[str, float]:
+        steps = max(m.steps, 1)
+        out = {p: 1000 * m.phase_seconds[p] / steps for p in PHASES}
+        out["other"] = 1000 * m.decode_seconds / steps - sum(out.values())
+        out["step"] = 1000 * m.decode_seconds / steps
+        out["tokens"] = m.output_tokens / steps  # committed per decode step, whole batch (+ prefill's firsts)
+        return out
+
+    rows = [per_step(m) for m in runs]
+    return {name: statistics.median(r[name] for r in rows) for name in rows[0]}
+
+
 def bench(
     base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
     repeats: int, log=print,
@@ -100,11 +119,13 @@ def bench(
         outputs: dict[str, list[list[int]]] = {}
         stats: dict[str, list] = {}
         metrics: dict[str, EngineMetrics] = {}
+        runs: dict[str, list[EngineMetrics]] = {m: [] for m in methods}
         for r in range(repeats):
             for m, eng in engines.items():
                 s, outputs[m], stats[m] = run_once(eng, prompts, params)
                 seconds[m].append(s)
                 metrics[m] = eng.metrics
+                runs[m].append(eng.metrics)
                 log(f"  batch {batch} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
         base_m = metrics["baseline"]
         t_target = base_m.verify_seconds / max(base_m.steps, 1)
@@ -127,7 +148,7 @@ def bench(
                 identical_share=sum(identical) / len(identical),
                 analytic_bound=tau * t_target / step_cost if step_cost else 0.0,
                 distinct_4=statistics.mean(distinct_n(o, 4) for o in outputs[m]),
-                divergence_margins=sorted(margins),
+                divergence_margins=sorted(margins), step_ms=step_profile(runs[m]),
             ))
         del engines
     return figures
@@ -148,6 +169,18 @@ def table(figures: list[MethodFigures]) -> str:
             f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
             f"{f.distinct_4:.2f} | {ident} |"
         )
+    return "\n".join(lines)
+
+
+def profile_table(figures: list[MethodFigures]) -> str:
+    """Where one decode step's time goes, per method and batch size (ms per step, median of repeats)."""
+    names = list(PHASES) + ["other"]
+    head = "| batch | method | step ms | tokens/step | " + " | ".join(names) + " |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for f in figures:
+        ms = f.step_ms
+        cells = " | ".join(f"{ms[n]:.2f} ({ms[n] / ms['step']:.0%})" for n in names)
+        lines.append(f"| {f.batch} | {f.method} | {ms['step']:.2f} | {ms['tokens']:.2f} | {cells} |")
     return "\n".join(lines)
 
 
