@@ -82,7 +82,6 @@ class Engine:
         max_context: int = 1024,
         adaptive: bool = True,
         queue_timeout_s: float = 60.0,
-        depth_for: Callable[[int], int] | None = None,
         typical: TypicalAcceptance | None = None,
     ) -> None:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
@@ -91,7 +90,7 @@ class Engine:
         self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
         self.device = target.lm_head.weight.device
         max_k = proposer.max_k if proposer else 0
-        self.policy = Policy(max_k, adaptive and proposer is not None, depth_for or (lambda k: k))
+        self.policy = Policy(max_k, adaptive and proposer is not None, proposer.depth_for if proposer else (lambda k: 0))
         self.capacity = max_context + max_k + 1  # room for the draft nodes past the last position
         self.cache = target.new_cache(max_batch, self.capacity)
         if proposer is not None:

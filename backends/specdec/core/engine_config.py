@@ -72,7 +72,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
     target = load_model(target_dir, dtype, cfg.device)
     tokenizer = Tokenizer(target_dir)
     eos = list(target.config.eos_token_id or tokenizer.eos_ids)
-    proposer, depth_for = None, None
+    proposer = None
     if cfg.method == "draft":
         draft_dir = require(cfg.draft, "draft", cfg.method)
         draft_tok = Tokenizer(draft_dir)
@@ -88,9 +88,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
         if heads.vocab != target.config.vocab_size or heads.hidden != target.config.hidden_size:
             raise ConfigurationError("medusa heads do not fit the target (hidden size or vocabulary differ)")
         tree = json.loads(cfg.medusa_tree) if cfg.medusa_tree else None
-        proposer = MedusaProposer(heads, tree)
-        depths = [len(p) for p in proposer.tree]
-        depth_for = lambda k: max(depths[:k], default=0)  # noqa: E731
+        proposer = MedusaProposer(heads, tree, cfg.k)
     elif cfg.method in ("eagle", "eagle2"):
         head = EagleHead.load(require(cfg.eagle, "eagle", cfg.method), dtype, cfg.device)
         if head.config.hidden_size != target.config.hidden_size:
@@ -99,10 +97,9 @@ def build_engine(cfg: EngineConfig) -> Engine:
         if cfg.method == "eagle2":
             top_k, depth, total = (int(x) for x in cfg.eagle_tree.split(","))
             tree = EagleTree(top_k, depth, total)
-            depth_for = lambda k: min(depth, k)  # noqa: E731
         proposer = EagleProposer(head, target, cfg.k, tree, eos)
     elif cfg.method == "ngram":
         proposer = NgramProposer(cfg.k, cfg.ngram_min, cfg.ngram_max)
     typical = TypicalAcceptance(cfg.typical_threshold, cfg.typical_alpha) if cfg.acceptance == "typical" else None
     return Engine(target, tokenizer, proposer, cfg.max_batch, cfg.max_context, cfg.adaptive,
-                  cfg.queue_timeout_s, depth_for, typical)
+                  cfg.queue_timeout_s, typical)

@@ -1,6 +1,6 @@
-"""Preallocated KV cache with per-slot lengths, rollback by length, and tree-path compaction.
+"""Preallocated KV cache with rollback by length and tree-path compaction.
 
-Each running sequence owns one slot. A forward writes its new tokens' keys and values at
+Each running sequence owns one slot (its length is the sequence's `cache_len`). A forward writes its new tokens' keys and values at
 `start .. start+T-1` of its slot; what stays valid is decided afterwards by the caller:
 rollback is just not advancing the length, and after a tree verification `compact` moves the
 accepted path's entries (at arbitrary offsets) down to consecutive positions.
@@ -26,14 +26,6 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
-        self.lengths = [0] * num_slots
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.lengths)
-
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
 
     def compact(self, slot: int, start: int, offsets: list[int]) -> None:
         """Move the entries at `start + offsets[j]` to `start + j` (offsets ascending, offsets[0] == 0)."""

@@ -22,12 +22,13 @@ def pad_batch(rows: list[list[int]], device) -> Tensor:
 
 
 class DraftModelProposer:
-    name = "draft"
-
     def __init__(self, model: LlamaForCausalLM, k: int = 4, eos_ids: list[int] = ()) -> None:
         self.model, self.max_k, self.eos_ids = model, k, list(eos_ids)
         self.fed: dict[int, int] = {}
         self.drafted: dict[int, int] = {}  # draft tokens fed to the cache by the last proposal
+
+    def depth_for(self, k: int) -> int:
+        return min(k, self.max_k)  # a chain
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.model.new_cache(num_slots, capacity)

@@ -6,8 +6,9 @@ Committed pairs always use the target's true features (given back by the engine 
 verification, `pending`); draft pairs use the head's own predictions and are overwritten later.
 
 EAGLE-2's dynamic tree: expand the `top_k` most likely nodes of each depth by their top_k
-children, scoring nodes by cumulative draft log-probability, and keep the `total_tokens` best
-nodes (a child never scores above its parent, so the kept set is a tree). Tree nodes are chosen
+children, scoring nodes by cumulative draft log-probability, and keep the best min(k, total_tokens)
+nodes (a child never scores above its parent, so the kept set is a tree): `k` caps the tree as
+it caps every method's draft tokens per step. Tree nodes are chosen
 deterministically, so their q is one-hot and verification stays exact under sampling.
 """
 
@@ -34,16 +35,18 @@ class EagleTree:
 
 
 class EagleProposer:
-    name = "eagle"
-
     def __init__(
         self, head: EagleHead, target: LlamaForCausalLM, k: int = 4, tree: EagleTree | None = None,
         eos_ids: list[int] = (),
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
-        self.max_k = tree.total_tokens if tree else k
+        self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}
         self.pending: dict[int, Tensor] = {}
+
+    def depth_for(self, k: int) -> int:
+        k = min(k, self.max_k)
+        return min(self.tree.depth, k) if self.tree else k  # a tree of k nodes is at most k deep
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.head.new_cache(num_slots, capacity)
@@ -165,7 +168,7 @@ class EagleProposer:
                 cands[b] += new_cands
                 order = sorted(range(first, len(cands[b])), key=lambda c: -cands[b][c][2])
                 frontier[b] = order[: tree.top_k]
-        return [self.select(cands[b], min(ks[b], tree.total_tokens)) for b in range(B)]
+        return [self.select(cands[b], min(ks[b], self.max_k)) for b in range(B)]
 
     @staticmethod
     def select(cands: list[tuple[int, int, float]], n: int) -> Draft:

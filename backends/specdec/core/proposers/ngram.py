@@ -34,12 +34,13 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 
 
 class NgramProposer:
-    name = "ngram"
-
     def __init__(self, k: int = 4, min_n: int = 1, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
             raise ConfigurationError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_k, self.min_n, self.max_n = k, min_n, max_n
+
+    def depth_for(self, k: int) -> int:
+        return min(k, self.max_k)  # a chain
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         pass
