@@ -10,7 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec.core.errors import ConfigurationError
+from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
+from specdec.core.models.tokenizer import Tokenizer
+from specdec.core.proposers.registry import Target, register, require
 from specdec.core.sampling import mask_eos, probs, sample
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
@@ -96,3 +100,15 @@ class DraftModelProposer:
         self.fed.pop(slot, None)
         self.drafted.pop(slot, None)
 
+
+
+@register("draft")
+def build(cfg, target: Target) -> DraftModelProposer:
+    folder = require(cfg.draft, "draft", cfg.method)
+    if Tokenizer(folder).fingerprint() != target.tokenizer.fingerprint():
+        raise ConfigurationError(f"draft {folder!r} uses a different tokenizer than target {target.folder!r}")
+    model = load_model(folder, target.dtype, target.device)
+    if model.config.vocab_size != target.model.config.vocab_size:
+        raise ConfigurationError(
+            f"draft vocabulary ({model.config.vocab_size}) differs from the target's ({target.model.config.vocab_size})")
+    return DraftModelProposer(model, cfg.k, target.eos_ids)

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.sampling import mask_eos, probs, sample
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
+from specdec.core.proposers.registry import Target, register, require
 
 
 @dataclass
@@ -189,3 +191,12 @@ class EagleProposer:
         where = {c: i for i, c in enumerate(ordered)}
         return Draft(tokens=[cands[c][0] for c in ordered],
                      parents=[where[cands[c][1]] if cands[c][1] >= 0 else -1 for c in ordered])
+
+
+@register("eagle", "eagle2")
+def build(cfg, target: Target) -> EagleProposer:
+    head = EagleHead.load(require(cfg.eagle, "eagle", cfg.method), target.dtype, target.device)
+    if head.config.hidden_size != target.model.config.hidden_size:
+        raise ConfigurationError("EAGLE head hidden size differs from the target's")
+    tree = EagleTree(*(int(x) for x in cfg.eagle_tree.split(","))) if cfg.method == "eagle2" else None
+    return EagleProposer(head, target.model, cfg.k, tree, target.eos_ids)

@@ -13,11 +13,14 @@ shapes and the gather indices are built once at construction, as Medusa's genera
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import Tensor
 
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import MedusaHeads
+from specdec.core.proposers.registry import Target, register, require
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft, TreeShape
 
@@ -90,3 +93,11 @@ class MedusaProposer:
 
 def heads_device(heads: MedusaHeads) -> torch.device:
     return next(heads.parameters()).device
+
+
+@register("medusa")
+def build(cfg, target: Target) -> MedusaProposer:
+    heads = MedusaHeads.load(require(cfg.medusa, "medusa", cfg.method), target.dtype, target.device)
+    if heads.vocab != target.model.config.vocab_size or heads.hidden != target.model.config.hidden_size:
+        raise ConfigurationError("medusa heads do not fit the target (hidden size or vocabulary differ)")
+    return MedusaProposer(heads, json.loads(cfg.medusa_tree) if cfg.medusa_tree else None, cfg.k)

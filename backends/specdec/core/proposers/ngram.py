@@ -10,6 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
 
 from specdec.core.errors import ConfigurationError
+from specdec.core.proposers.registry import Target, register
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -57,3 +58,8 @@ class NgramProposer:
 
     def release(self, slot: int) -> None:
         pass
+
+
+@register("ngram")
+def build(cfg, target: Target) -> NgramProposer:
+    return NgramProposer(cfg.k, cfg.ngram_min, cfg.ngram_max)
