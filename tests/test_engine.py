@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from specdec.core.engine import PHASES
 from specdec.core.engine_config import EngineConfig, build_engine
 from specdec.core.errors import ConfigurationError, InvalidRequest
 from specdec.core.sampling import SamplingParams
@@ -222,3 +223,13 @@ def test_duplicate_request_id_is_refused(kit):
     eng.submit("a", SamplingParams(max_tokens=3), lambda out: None, request_id="same")
     with pytest.raises(InvalidRequest, match="already in use"):
         eng.submit("b", SamplingParams(max_tokens=3), lambda out: None, request_id="same")
+
+
+def test_profile_phases_add_up_to_the_decode_step(kit):
+    eng = engine(kit, "draft", max_batch=2)
+    eng.generate(prompts(3), SamplingParams(max_tokens=16, ignore_eos=True))
+    m = eng.metrics
+    assert set(m.phase_seconds) == set(PHASES)
+    assert all(m.phase_seconds[p] > 0 for p in ("policy", "draft", "inputs", "forward", "verify", "output", "commit"))
+    uncovered = m.decode_seconds - sum(m.phase_seconds.values())
+    assert 0 <= uncovered < 0.05 * m.decode_seconds  # the laps cover the step: nothing is left out

@@ -25,7 +25,7 @@ import torch
 from specdec.core.errors import InvalidRequest, QueueTimeout
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import IncrementalDetokenizer, Tokenizer
-from specdec.core.policy import CostModel, Policy
+from specdec.core.policy import CostModel, Policy, StepRecord
 from specdec.core.proposers.base import Proposer
 from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
 from specdec.core.sequence import Output, RequestStats, Sequence
@@ -284,10 +284,9 @@ class Engine:
         m.propose_seconds += t1 - t0
         m.verify_seconds += t3 - t2
         m.verify_tokens += sum(len(d) + 1 for d in drafts)
-        depth_drafted = max((max(d.depths()) for d in drafts if len(d)), default=0)
-        self.policy.observe_proposal(seqs, ks, t1 - t0, depth_drafted)
-        self.policy.observe_verify_time(t3 - t2, B * T)
-        self._lap("policy")
+        depths = [max(d.depths(), default=0) for d in drafts]
+        context = [len(s.tokens) for s in seqs]
+        accepted_n: list[int] = []
         argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
         self._lap("verify")
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
@@ -301,15 +300,18 @@ class Engine:
             self.cache.compact(seq.slot, starts[b], offsets)
             self._lap("compact")
             accepted = [draft.tokens[i] for i in verdict.path]
+            accepted_n.append(len(accepted))
             self._count(seq, draft, len(accepted))
-            self.policy.observe(seq, max(draft.depths(), default=0), len(accepted))
             seq.stats.steps += 1
-            self._lap("policy")
             running = self._emit(seq, accepted + [verdict.bonus])
             self._lap("output")
             if running and self.proposer is not None:
                 self.proposer.commit(seq, verdict.path, hidden[b, offsets])
                 self._lap("commit")
+        self.policy.observe(StepRecord(
+            seqs, ks, depths, accepted_n, context, propose_seconds=t1 - t0, depth=max(depths),
+            step_seconds=time.perf_counter() - t1, tokens=B * T))
+        self._lap("policy")
 
     def _count(self, seq: Sequence, draft: Draft, accepted: int) -> None:
         if not len(draft):
@@ -377,6 +379,7 @@ class Engine:
         if seq.slot >= 0:
             if self.proposer is not None:
                 self.proposer.release(seq.slot)
+            self.policy.release(seq.slot)
             self.free_slots.append(seq.slot)
             seq.slot = -1
         self.metrics.finished += 1
