@@ -17,14 +17,15 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from specdec.core.errors import InvalidRequest, QueueTimeout
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from specdec.core.models.tokenizer import Tokenizer
+from specdec.core.output import OutputStream
 from specdec.core.policy import CostModel, Policy, StepRecord
 from specdec.core.proposers.base import Proposer
 from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
@@ -65,13 +66,6 @@ class EngineMetrics:
     decode_seconds: float = 0.0  # whole decode steps: the phases plus what no phase covers
 
 
-@dataclass
-class StreamState:
-    detok: IncrementalDetokenizer
-    text: str = ""
-    sent: int = 0  # characters of text already streamed
-
-
 class Engine:
     def __init__(
         self,
@@ -98,7 +92,7 @@ class Engine:
         self.free_slots = list(range(max_batch))
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.streams: dict[str, StreamState] = {}
+        self.streams: dict[str, OutputStream] = {}
         self.queue_timeout_s = queue_timeout_s
         self.metrics = EngineMetrics()
         self.lock = threading.Condition()
@@ -135,7 +129,7 @@ class Engine:
             request_id=request_id or f"req-{next(self.ids)}", prompt_ids=prompt_ids, params=params,
             on_output=on_output, generator=params.generator(), tokens=list(prompt_ids),
         )
-        self.streams[seq.request_id] = StreamState(IncrementalDetokenizer(self.tokenizer))
+        self.streams[seq.request_id] = OutputStream.open(seq, self.tokenizer, self.eos_ids)
         with self.lock:
             self.queue.append(seq)
             self.metrics.requests += 1
@@ -327,47 +321,15 @@ class Engine:
 
     # ---- output ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence, new_tokens: list[int]) -> bool:
-        """Append committed tokens, apply stop conditions, stream the new text. True if still running."""
-        p = seq.params
-        reason = None
-        taken: list[int] = []
-        for t in new_tokens:
-            if t in self.eos_ids and not p.ignore_eos and len(seq.output_ids) >= p.min_tokens:
-                reason = "eos"
-                break
-            taken.append(t)
-            seq.output_ids.append(t)
-            seq.tokens.append(t)
-            if len(seq.output_ids) >= p.max_tokens:
-                reason = "length"
-                break
-        seq.stats.output_tokens = len(seq.output_ids)
-        self.metrics.output_tokens += len(taken)
-        if seq.stats.first_token is None and taken:
-            seq.stats.first_token = time.perf_counter()
+        """Commit tokens to the request's output and stream them. True if it is still running."""
         stream = self.streams[seq.request_id]
-        stream.text += stream.detok.push(taken, final=reason is not None)
-        end = len(stream.text)
-        if p.stop:
-            window = stream.text[max(0, stream.sent - max(map(len, p.stop))):]
-            hits = [window.find(s) for s in p.stop if s in window]
-            if hits:
-                end = len(stream.text) - len(window) + min(hits)
-                reason = "stop"
-            elif reason is None:  # hold back what could be the start of a stop string
-                end = max(stream.sent, end - max(map(len, p.stop)) + 1)
-        if reason is not None:
-            self._finish(seq, reason, text_end=end, token_ids=taken)
+        done = stream.commit(new_tokens)
+        self.metrics.output_tokens += len(done.tokens)
+        if done.reason is not None:
+            self._finish(seq, done.reason, text_end=done.text_end, token_ids=done.tokens)
             return False
-        self._send(seq, stream, end, taken, finished=False, reason=None)
+        stream.send(done.text_end, done.tokens)
         return True
-
-    def _send(self, seq, stream: StreamState, end: int, token_ids, finished: bool, reason, error=None) -> None:
-        text = stream.text[stream.sent : end]
-        stream.sent = max(stream.sent, end)
-        if text or token_ids or finished:  # a snapshot of the counters, consistent with this text
-            stats = replace(seq.stats, accepted_per_position=list(seq.stats.accepted_per_position))
-            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, stats, error))
 
     def _finish(self, seq: Sequence, reason: str, text_end: int | None = None, token_ids=(), error=None) -> None:
         stream = self.streams.pop(seq.request_id, None)
@@ -384,8 +346,7 @@ class Engine:
             seq.slot = -1
         self.metrics.finished += 1
         self.metrics.errors += reason == "error"
-        end = len(stream.text) if text_end is None else text_end
-        self._send(seq, stream, end, token_ids, finished=True, reason=reason, error=error)
+        stream.send(text_end, token_ids, finished=True, reason=reason, error=error)
 
     # ---- helpers --------------------------------------------------------------------------
     def probe_forward(self, n: int) -> None:
