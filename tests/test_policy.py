@@ -185,3 +185,21 @@ def test_probes_go_one_candidate_deeper_than_the_pick():
     assert p.choose(batch) == [0] * 8
     p.steps = 2 * PROBE_EVERY * 8 - 1
     assert p.choose(batch) == [1] * 8  # not 61 nodes each: a probe must stay cheap at high load
+
+
+def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_verify_tokens():
+    """At a moderate load the sequences that accept well draft, the others do not; and no choice of
+    k and subset of sequences commits more tokens per second than the policy's pick (brute force)."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 8, 16, 64], [1.0, 1.2, 1.6, 9.0], draft_fixed=0.1, draft_per_level=0.05)
+    batch = seqs(p, 4, 0.9) + seqs(p, 4, 0.25)
+    ks = p.choose(batch)
+    assert min(ks[:4]) > 0 and ks[4:] == [0] * 4
+
+    def rate(ks: list[int]) -> float:
+        tokens = sum(expected_tokens(p.acceptance(s), k) for s, k in zip(batch, ks))
+        return tokens / (p.cost.verify(sum(1 + k for k in ks)) + p.cost.draft(max(ks)))
+
+    for k in p.candidates:
+        for subset in itertools.product([0, 1], repeat=len(batch)):
+            assert rate(ks) >= rate([k * on for on in subset]) - 1e-12

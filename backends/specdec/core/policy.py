@@ -11,10 +11,14 @@ token counts, then corrected by every real step's timing, which also brings in w
 calibration misses: inputs, verification, compaction, output; one preempted calibration timing on
 a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started) plus the
 proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
-per depth of recent proposals. Proposals that caught up on tokens committed during a pause (model drafters feed them
-first) are not samples of that cost: counting them made every pause longer than the last. The
-policy picks the k that maximizes committed tokens per second over the batch, so at high load,
-where verify time grows with every extra token, k falls, down to 0 (speculation off). A sequence
+per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
+whenever they run (in the same batched catch-up forward), so a sequence resumes without feeding
+its pause; after a whole-batch pause the first proposal does catch up, and it is not a sample of
+the proposal cost (counting it made every pause longer than the last). For each candidate k the
+policy adds sequences best acceptance first and keeps the k and the set of drafting sequences that
+maximize committed tokens per second over the batch: at high load, where verify time grows with
+every extra token, k falls and the sequences that accept least stop drafting, down to none
+(speculation off for the batch). A sequence
 whose alpha collapses gets k = 0 on its own; its alpha then drifts back towards the engine-wide
 acceptance, so it is retried later. New sequences start at the engine-wide acceptance (acceptance
 is mostly a property of the proposer and the workload), so a well-measured proposer is not switched
@@ -177,26 +181,47 @@ class Policy:
             return caps
         self.steps += 1
         alphas = [self.acceptance(s) for s in seqs]
-        on = [a >= COLLAPSE_ALPHA for a in alphas]
         # a seeded sampled request draws its random numbers per draft position, so its output
         # depends on its k schedule: it keeps its cap, and reproduces whatever the load
         pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
-
-        def pick(k: int) -> list[int]:
-            return [c if p else min(k, c) if o else 0 for c, o, p in zip(caps, on, pinned)]
-
-        best_k, best_rate = 0, 0.0
-        for k in self.candidates:
-            ks = pick(k)
-            depth_cost = self.depth_for(max(ks)) if max(ks) > 0 else 0
-            seconds = self.cost.verify(sum(1 + kk for kk in ks)) + self.cost.draft(depth_cost)
-            tokens = sum(expected_tokens(a, self.depth_for(kk)) if kk else 1.0 for a, kk in zip(alphas, ks))
-            if tokens / seconds > best_rate:
-                best_k, best_rate = k, tokens / seconds
+        k, drafting = self.best(caps, alphas, pinned)
         if self.steps % (PROBE_EVERY * len(seqs)) == 0:  # every sequence, one candidate deeper
-            probe = self.candidates[min(self.candidates.index(best_k) + 1, len(self.candidates) - 1)]
+            probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
             return [c if p else min(probe, c) for c, p in zip(caps, pinned)]
-        return pick(best_k)
+        return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
+
+    def best(self, caps: list[int], alphas: list[float], pinned: list[bool]) -> tuple[int, set[int]]:
+        """The k, and the sequences that draft at it, that commit the most tokens per second.
+
+        For each candidate k the sequences are added best acceptance first (for a given k, the
+        ones that accept more repay their share of verification more), so speculation turns off
+        per sequence (those whose expected gain does not pay their extra verify tokens) and per
+        batch (k = 0, or no sequence added), wherever the fitted costs say it loses.
+        """
+        cost, depth_for = self.cost, self.depth_for
+        fixed_extra = sum(c for c, p in zip(caps, pinned) if p)  # pinned sequences draft their cap
+        fixed_tokens = sum(expected_tokens(a, depth_for(c)) if p and c else 1.0
+                           for a, c, p in zip(alphas, caps, pinned))
+        fixed_depth = max((depth_for(c) for c, p in zip(caps, pinned) if p and c), default=0)
+        order = sorted((i for i, p in enumerate(pinned) if not p and alphas[i] >= COLLAPSE_ALPHA and caps[i]),
+                       key=lambda i: -alphas[i])
+        n = len(caps)
+
+        def rate(tokens: float, extra: int, depth: int) -> float:
+            return tokens / (cost.verify(n + extra) + cost.draft(depth))
+
+        best_rate, best_k, best_m = rate(fixed_tokens, fixed_extra, fixed_depth), 0, 0
+        for k in self.candidates[1:]:
+            tokens, extra, depth = fixed_tokens, fixed_extra, fixed_depth
+            for m, i in enumerate(order, 1):
+                kk = min(k, caps[i])
+                tokens += expected_tokens(alphas[i], depth_for(kk)) - 1.0
+                extra += kk
+                depth = max(depth, depth_for(kk))
+                r = rate(tokens, extra, depth)
+                if r > best_rate:
+                    best_rate, best_k, best_m = r, k, m
+        return best_k, set(order[:best_m])
 
     def admit(self, seq: Sequence) -> None:
         """A new sequence starts at the engine-wide acceptance."""

@@ -89,7 +89,8 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        root_features = self.catch_up(batch)
+        # every sequence catches up, the paused ones too (see draft_model)
+        root_features = self.catch_up(seqs)[torch.tensor(active, device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
                  else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
         for b, d in zip(active, found):
