@@ -22,10 +22,13 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        shape = (num_layers, num_slots, capacity, num_kv_heads, head_dim)
+        # one position past the capacity: where rows padded to a batch's widest row write their
+        # padding (BatchContext); it is never read
+        shape = (num_layers, num_slots, capacity + 1, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
+        self.scratch = capacity
         self.lengths = [0] * num_slots
 
     @property

@@ -56,7 +56,7 @@ class DraftModelProposer:
         slots = [seqs[b].slot for b in active]
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
-        hidden = self.model(tokens, positions, self.cache, slots, starts)
+        hidden = self.model(tokens, positions, self.cache, slots, starts, lengths=[len(p) for p in pending])
         last = torch.tensor([len(p) - 1 for p in pending], device=device)
         logits = self.model.logits(hidden[torch.arange(len(active)), last])
         row_logits = dict(enumerate(logits))  # by row of `active`; shrinks as short drafts finish

@@ -72,7 +72,8 @@ class EagleProposer:
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts)
+        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts,
+                        lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
             self.pending[s.slot] = f[:0]
