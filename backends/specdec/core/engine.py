@@ -112,6 +112,12 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequest("text_input is empty")
+            most = (self.max_context - 1) * self.tokenizer.max_token_chars
+            if len(prompt) > most:
+                raise InvalidRequest(
+                    f"text_input has {len(prompt)} characters, more than a prompt of at most {self.max_context - 1} "
+                    f"tokens (the context limit of {self.max_context} less one generated token) can have with this "
+                    f"tokenizer ({most} characters)")
             prompt_ids = self.tokenizer.encode(prompt)
         else:
             prompt_ids = list(prompt)
@@ -350,15 +356,21 @@ class Engine:
 
     # ---- helpers --------------------------------------------------------------------------
     def probe_forward(self, n: int) -> None:
-        """A verification-shaped target forward in slot 0 (start-up cost calibration; the slot is
+        """A verification-shaped target forward (start-up cost calibration; every slot is still
         free): n new tokens after a typical context, logits for all of them, as a decode step does.
         Leaving out the context or the logits made the target look 2x cheaper than it is, and the
-        policy then judged every proposer too expensive."""
+        policy then judged every proposer too expensive. The tokens are spread over rows of at
+        most max_k + 1 as a batch's verification is, so every row fits its slot: all of them in
+        one slot ran past its end (max_batch * (max_k + 1) tokens from position 256) and a 61-node
+        Medusa model could not load."""
+        width = min(n, self.policy.max_k + 1)
+        rows = -(-n // width)  # <= max_batch: calibration probes at most max_batch * (max_k + 1) tokens
+        start = min(256, self.max_context // 2)
         with torch.inference_mode():
-            start = min(256, self.max_context // 2)
-            tokens = torch.zeros(1, n, dtype=torch.long, device=self.device)
-            positions = start + torch.arange(n, device=self.device)[None]
-            self.target.logits(self.target(tokens, positions, self.cache, [0], [start])).argmax(-1).tolist()
+            tokens = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+            positions = (start + torch.arange(width, device=self.device)).expand(rows, -1)
+            hidden = self.target(tokens, positions, self.cache, list(range(rows)), [start] * rows)
+            self.target.logits(hidden).argmax(-1).tolist()
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list["Result"]:
         """Run prompts to completion in this thread (the CLI, benchmark and tests use this)."""

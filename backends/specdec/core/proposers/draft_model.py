@@ -63,7 +63,8 @@ class DraftModelProposer:
         starts = [self.fed[s.slot] for s in seqs]
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
-        hidden = self.model(tokens, positions, self.cache, [s.slot for s in seqs], starts)
+        hidden = self.model(tokens, positions, self.cache, [s.slot for s in seqs], starts,
+                            lengths=[len(p) for p in pending])
         last = torch.tensor([len(pending[b]) - 1 for b in active], device=device)
         logits = self.model.logits(hidden[torch.tensor(active, device=device), last])
         row_logits = dict(enumerate(logits))  # by row of `active`; shrinks as short drafts finish

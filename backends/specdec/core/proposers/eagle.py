@@ -51,7 +51,10 @@ class EagleProposer:
         return min(self.tree.depth, k) if self.tree else k  # a tree of k nodes is at most k deep
 
     def allocate(self, num_slots: int, capacity: int) -> None:
-        self.cache = self.head.new_cache(num_slots, capacity)
+        # EAGLE-2 writes the pair of every node it expands past the root: top_k per level, which
+        # can be more than the k nodes it keeps
+        expanded = self.tree.top_k * (self.depth_for(self.max_k) - 1) if self.tree else 0
+        self.cache = self.head.new_cache(num_slots, capacity + expanded)
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
@@ -77,7 +80,8 @@ class EagleProposer:
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts)
+        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts,
+                        lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
             self.pending[s.slot] = f[:0]
