@@ -75,12 +75,21 @@ def divergence_margin(engine: Engine, prompt: str, ref: list[int], got: list[int
 
 
 def verify_cost_curve(engine: Engine, max_tokens: int = 64) -> dict[int, float]:
-    """Target forward time over n tokens relative to one token: the price of verifying drafts.
+    """Target forward time over n tokens of one sequence relative to one token: the price of
+    verifying a draft (the engine's own probe spreads tokens over its slots; this is one row).
 
     Speculation pays when this stays near 1 (memory-bound decoding, as on GPUs); where it grows
     almost linearly (small models whose weights sit in CPU cache) every rejected token costs.
     """
-    cost = CostModel.measure(engine.probe_forward, max_tokens)
+    start = min(256, engine.max_context - max_tokens)
+
+    def one_row(n: int) -> None:  # n tokens of one sequence (slot 0, free before the runs), with logits
+        with torch.inference_mode():
+            tokens = torch.zeros(1, n, dtype=torch.long, device=engine.device)
+            positions = start + torch.arange(n, device=engine.device)[None]
+            engine.target.logits(engine.target(tokens, positions, engine.cache, [0], [start])).argmax(-1).tolist()
+
+    cost = CostModel.measure(one_row, max_tokens)
     return {n: s / cost.seconds[0] for n, s in zip(cost.token_counts, cost.seconds)}
 
 
