@@ -32,6 +32,7 @@ class MethodFigures:
     batch: int
     tokens_per_s: float
     speedup: float
+    speedup_range: tuple[float, float]  # lowest and highest per-repeat ratio: the machine's noise
     mean_accepted_length: float
     acceptance_rate: float
     accepted_per_position: list[float]
@@ -150,7 +151,8 @@ def bench(
                        for p, ref, got, same in zip(prompts, outputs["baseline"], outputs[m], identical) if not same]
             figures.append(MethodFigures(
                 method=m, batch=batch, tokens_per_s=tokens / statistics.median(seconds[m]),
-                speedup=statistics.median(ratios), mean_accepted_length=tau,
+                speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)),
+                mean_accepted_length=tau,
                 acceptance_rate=mt.accepted_tokens / mt.draft_tokens if mt.draft_tokens else 0.0,
                 accepted_per_position=[a / mt.drafts for a in mt.accepted_per_position] if mt.drafts else [],
                 mean_draft_tokens=mt.draft_tokens / mt.drafts if mt.drafts else 0.0,
@@ -164,7 +166,7 @@ def bench(
 
 
 def table(figures: list[MethodFigures]) -> str:
-    head = ("| batch | method | tok/s | speedup | bound | speedup/bound | mean acc. len | acc. rate | "
+    head = ("| batch | method | tok/s | speedup | range | bound | speedup/bound | mean acc. len | acc. rate | "
             "draft tok/round | acc. per position | distinct-4 | greedy identical |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for f in figures:
@@ -174,7 +176,8 @@ def table(figures: list[MethodFigures]) -> str:
         if f.divergence_margins:
             ident += f" (margins {', '.join(f'{m:.3f}' for m in f.divergence_margins[:3])})"
         lines.append(
-            f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | {f.analytic_bound:.2f}x | {eff} | "
+            f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
+            f"{f.speedup_range[0]:.2f}-{f.speedup_range[1]:.2f} | {f.analytic_bound:.2f}x | {eff} | "
             f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
             f"{f.distinct_4:.2f} | {ident} |"
         )
