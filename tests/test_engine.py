@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError, InvalidRequest
 from specdec.core.sampling import SamplingParams
 from tiny_checkpoints import CORPUS, make_heads, make_perturbed_copy
@@ -26,8 +27,8 @@ def kit(tmp_path_factory, tiny_target):
 
 def engine(kit, method="baseline", **kw):
     kw.setdefault("dtype", "float64")
-    kw.setdefault("adaptive", False)
-    return build_engine(EngineConfig(method=method, **kit, **kw))
+    kw.setdefault("policy", "fixed")
+    return build_engine(EngineConfig.of(method=method, **kit, **kw))
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.proposers.ngram import lookup
 from specdec.core.sampling import SamplingParams
 from test_engine import kit, prompts  # noqa: F401
@@ -34,7 +35,7 @@ def recorded_first_drafts(eng, skip_every: int = 0):
 @pytest.mark.parametrize("skip_every", [0, 3])
 @pytest.mark.parametrize("method", ["eagle", "eagle2"])
 def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):  # noqa: F811
-    eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     target, head = eng.target, eng.proposer.head
     for tokens, draft in recorded_first_drafts(eng, skip_every):
         ids = torch.tensor([tokens])
@@ -47,7 +48,7 @@ def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):
 
 
 def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
-    eng = build_engine(EngineConfig(method="medusa", dtype="float64", adaptive=False, max_batch=2, **kit))
+    eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", max_batch=2, **kit))
     target, heads = eng.target, eng.proposer.heads
     for tokens, draft in recorded_first_drafts(eng):
         with torch.no_grad():
@@ -60,7 +61,7 @@ def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
 
 @pytest.mark.parametrize("skip_every", [0, 3])
 def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every):  # noqa: F811
-    eng = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    eng = build_engine(EngineConfig.of(method="draft", dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     model = eng.proposer.model
     for tokens, draft in recorded_first_drafts(eng, skip_every):
         with torch.no_grad():

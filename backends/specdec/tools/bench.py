@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from specdec.core.engine import Engine, EngineMetrics
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.tools.kit.evaluate import distinct_n
 from specdec.core.policy import CostModel
 from specdec.core.sampling import SamplingParams
@@ -89,7 +90,7 @@ def bench(
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     figures: list[MethodFigures] = []
     for batch in batch_sizes:
-        engines = {m: build_engine(replace(base, method=m, max_batch=batch)) for m in methods}
+        engines = {m: build_engine(base.with_(method=m, max_batch=batch)) for m in methods}
         if batch == batch_sizes[0]:
             curve = verify_cost_curve(engines["baseline"])
             log("target forward time vs tokens (relative to 1): "

@@ -39,8 +39,8 @@ def check_tree(paths: list[list[int]], num_heads: int, vocab: int) -> list[list[
 class MedusaProposer:
     name = "medusa"
 
-    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None) -> None:
-        self.heads = heads
+    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None, k: int | None = None) -> None:
+        self.heads = heads  # k: pruning the tree to k nodes lands with issue 15; until then the whole tree
         self.tree = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
         self.max_k = len(self.tree)
         self.index = {tuple(p): i for i, p in enumerate(self.tree)}
