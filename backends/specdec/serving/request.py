@@ -37,8 +37,10 @@ INPUTS = [
     Field("temperature", "TYPE_FP32", "[ 1 ]", 0.0, "0 = greedy; > 0 samples"),
     Field("top_p", "TYPE_FP32", "[ 1 ]", 1.0, "nucleus cut, in (0, 1]"),
     Field("top_k", "TYPE_INT32", "[ 1 ]", 0, "0 = no top-k cut"),
-    Field("seed", "TYPE_UINT64", "[ 1 ]", None, "sampling seed (reproducible output); none = random"),
-    Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name)"),
+    # INT64, not UINT64: Triton's HTTP endpoint answers a JSON -1 for a UINT64 input with an error
+    # that does not name it; as INT64 the value reaches parse() and the error names `seed`
+    Field("seed", "TYPE_INT64", "[ 1 ]", None, "sampling seed 0 .. 2^63-1 (reproducible output); none = random"),
+    Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name and type)"),
     Field("stop_words", "TYPE_STRING", "[ -1 ]", [], "strings that end the output (not included)"),
     Field("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", False, "false: the prompt is prepended to the text"),
     Field("num_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "cap on speculated tokens per step (0 = off); none = model's k"),
@@ -122,9 +124,24 @@ def parse(inputs: dict[str, np.ndarray], parameters: dict | str | None = None) -
     )
     if math.isnan(params.temperature):
         raise InvalidRequest("temperature must be a finite number >= 0, got nan")
+    _check_wrapped(values)
     params.validate()
     return ParsedRequest(prompt, params, _get(values, "stream", bool, False),
                          _get(values, "exclude_input_in_output", bool, False))
+
+
+INT32_INPUTS = [f.name for f in INPUTS if f.dtype == "TYPE_INT32"]
+
+
+def _check_wrapped(values: dict) -> None:
+    """Triton's HTTP endpoint wraps JSON numbers outside a 32-bit input's range (2^31 arrives as
+    -2^31) instead of refusing them, so a negative value may be one the client never sent: say so."""
+    for name in INT32_INPUTS:
+        v = _scalar(values, name, int)
+        if v is not None and v < 0:
+            must = "a positive integer" if name == "max_tokens" else "an integer >= 0"
+            raise InvalidRequest(f"{name} must be {must}, got {v} (over HTTP, {name} is a 32-bit integer: "
+                                 f"numbers above {2**31 - 1} arrive wrapped around, e.g. {v + 2**32} as {v})")
 
 
 def _scalar(values: dict, name: str, kind: type):
