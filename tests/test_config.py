@@ -211,3 +211,11 @@ def test_a_client_does_not_load_torch():
     code = "import specdec.serving.client, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_method_help_names_every_registered_proposer():
+    """The config stays torch-free, so its help text names the methods; the registry is the truth."""
+    from specdec.core.proposers import PROPOSERS
+
+    for method in ("baseline", *PROPOSERS):
+        assert method in SETTINGS["method"].help, method

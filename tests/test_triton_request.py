@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -56,11 +58,17 @@ def test_parameters_carry_known_names_and_triton_ones_are_ignored():
     ({"text_input": text("x"), "top_p": np.array([1.5], np.float32)}, None, "top_p"),
     ({"text_input": text("x"), "top_k": np.array([-1], np.int32)}, None, "top_k"),
     ({"text_input": text("x"), "max_tokens": text("5")}, None, "max_tokens must be a number"),
+    ({"text_input": text("x"), "seed": np.array([-1], np.int64)}, None, "seed must be a non-negative integer, got -1"),
+    ({"text_input": text("x"), "max_tokens": np.array([-2**31], np.int32)}, None,  # 2^31 sent over HTTP
+     "max_tokens must be a positive integer, got -2147483648 (over HTTP, max_tokens is a 32-bit integer: "
+     "numbers above 2147483647 arrive wrapped around, e.g. 2147483648 as -2147483648)"),
+    ({"text_input": text("x"), "min_tokens": np.array([9], np.int32), "max_tokens": np.array([5], np.int32)}, None,
+     "min_tokens (9) must not exceed max_tokens (5)"),
     ({"text_input": text("x"), "bogus": np.array([1])}, None, "unknown input 'bogus'"),
     ({"text_input": text("x")}, {"beam_width": 2}, "unknown parameter 'beam_width'"),
 ])
 def test_bad_requests_name_the_problem(inputs, params, message):
-    with pytest.raises(InvalidRequest, match=message):
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
         parse(inputs, params)
 
 
@@ -73,5 +81,5 @@ def test_vllm_style_sampling_parameters():
     for bad, message in [('{"n": 2}', "unsupported key 'n'"), ("[1]", "JSON object"), ("{", "not valid JSON"),
                          ('{"temperature": "hot"}', "temperature must be a number"),
                          ('{"top_p": 0}', "top_p must be in")]:
-        with pytest.raises(InvalidRequest, match=message):
+        with pytest.raises(InvalidRequest, match=re.escape(message)):
             parse({"text_input": text("x"), "sampling_parameters": text(bad)})

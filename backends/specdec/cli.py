@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from specdec.core.config import METHODS, PATH_KEYS, SETTINGS, EngineConfig, add_arguments, given
+from specdec.core.config import PATH_KEYS, SETTINGS, EngineConfig, add_arguments, given
 from specdec.paths import DEMO_KIT
 
 
@@ -73,7 +73,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specdec.tools.bench import available_methods, bench, kit_paths, table, write_json
+    from specdec.tools.bench import available_methods, bench, kit_paths, profile_table, table, write_json
     from specdec.tools.prompts import heldout_prompts, load_jsonl
 
     cfg = engine_config(a, "baseline", 1)
@@ -87,6 +87,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
           f"batch sizes {sizes}, k={cfg.proposer.k} ({cfg.scheduler.policy}), {a.repeats} interleaved repeats, {a.device} {a.dtype}")
     figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats)
     print(table(figures))
+    if a.profile:
+        print("\nwhere a decode step's time goes (ms per step, share of the step):")
+        print(profile_table(figures))
     if a.json:
         setup = {k: v for k, v in vars(a).items() if k != "func"}
         write_json(figures, a.json, setup)
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="run one prompt in-process with any method, print text and stats")
     engine_args(g)
     g.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
-    g.add_argument("--method", default="eagle", choices=METHODS)
+    g.add_argument("--method", default="eagle", help="baseline, draft, medusa, eagle, eagle2, ngram")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the figures to this JSON file")
+    b.add_argument("--profile", action="store_true", help="also split a decode step's time by phase, per method")
     b.set_defaults(func=cmd_bench)
 
     a = parser.parse_args(argv)

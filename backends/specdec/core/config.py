@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 from specdec.core.errors import ConfigurationError
 
-METHODS = ("baseline", "draft", "medusa", "eagle", "eagle2", "ngram")
 POLICIES = ("adaptive", "fixed")
 ACCEPTANCES = ("exact", "typical")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -119,7 +118,8 @@ class ProposerConfig:
     `k` caps the speculated tokens per step for every method: a chain's length, a tree's node
     count (a Medusa or EAGLE-2 tree is pruned to its best k nodes by the proposer)."""
 
-    method: str = setting("baseline", "speculation method", choices=METHODS)
+    method: str = setting("baseline", "baseline (no speculation) or a registered proposer: draft, medusa, eagle, "
+                                      "eagle2, ngram (`specdec.core.proposers`)")
     k: int = setting(4, "draft tokens (tree nodes) per step, at most", flags=("-k",))
     medusa_tree: tuple[tuple[int, ...], ...] | None = setting(
         None, "Medusa tree: JSON list of top-k index paths, best first; none = mc_sim_7b_63",

@@ -20,10 +20,8 @@ import numpy as np
 
 from specdec.serving.interface import INPUTS
 
-NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32,
-            "TYPE_BOOL": np.bool_}
-TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
-                "TYPE_BOOL": "BOOL"}
+NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64,
+            "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
 
 
 class ClientError(RuntimeError):

@@ -21,6 +21,11 @@ class Field:
     optional: bool = True
 
 
+# config type -> the datatype name on the wire (tritonclient, HTTP JSON)
+WIRE_TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
+              "TYPE_FP32": "FP32", "TYPE_BOOL": "BOOL"}
+
+
 INPUTS = [
     Field("text_input", "TYPE_STRING", "[ 1 ]", None, "the prompt (UTF-8)", optional=False),
     Field("max_tokens", "TYPE_INT32", "[ 1 ]", DEFAULT_MAX_TOKENS, "tokens to generate, 1 .. max_context - 1"),
@@ -28,8 +33,10 @@ INPUTS = [
     Field("temperature", "TYPE_FP32", "[ 1 ]", 0.0, "0 = greedy; > 0 samples"),
     Field("top_p", "TYPE_FP32", "[ 1 ]", 1.0, "nucleus cut, in (0, 1]"),
     Field("top_k", "TYPE_INT32", "[ 1 ]", 0, "0 = no top-k cut"),
-    Field("seed", "TYPE_UINT64", "[ 1 ]", None, "sampling seed (reproducible output); none = random"),
-    Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name)"),
+    # INT64, not UINT64: Triton's HTTP endpoint answers a JSON -1 for a UINT64 input with an error
+    # that does not name it; as INT64 the value reaches parse() and the error names `seed`
+    Field("seed", "TYPE_INT64", "[ 1 ]", None, "sampling seed 0 .. 2^63-1 (reproducible output); none = random"),
+    Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name and type)"),
     Field("stop_words", "TYPE_STRING", "[ -1 ]", [], "strings that end the output (not included)"),
     Field("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", False, "false: the prompt is prepended to the text"),
     Field("num_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "cap on speculated tokens per step (0 = off); none = model's k"),

@@ -16,7 +16,7 @@ import numpy as np
 
 from specdec.core.errors import InvalidRequest
 from specdec.core.sampling import SamplingParams
-from specdec.serving.interface import DEFAULT_MAX_TOKENS, INPUT_NAMES
+from specdec.serving.interface import DEFAULT_MAX_TOKENS, INPUT_NAMES, INPUTS
 
 # keys of the vLLM backend's `sampling_parameters` JSON that map onto our inputs
 SAMPLING_JSON = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -79,9 +79,24 @@ def parse(inputs: dict[str, np.ndarray], parameters: dict | str | None = None) -
     )
     if math.isnan(params.temperature):
         raise InvalidRequest("temperature must be a finite number >= 0, got nan")
+    _check_wrapped(values)
     params.validate()
     return ParsedRequest(prompt, params, _get(values, "stream", bool, False),
                          _get(values, "exclude_input_in_output", bool, False))
+
+
+INT32_INPUTS = [f.name for f in INPUTS if f.dtype == "TYPE_INT32"]
+
+
+def _check_wrapped(values: dict) -> None:
+    """Triton's HTTP endpoint wraps JSON numbers outside a 32-bit input's range (2^31 arrives as
+    -2^31) instead of refusing them, so a negative value may be one the client never sent: say so."""
+    for name in INT32_INPUTS:
+        v = _scalar(values, name, int)
+        if v is not None and v < 0:
+            must = "a positive integer" if name == "max_tokens" else "an integer >= 0"
+            raise InvalidRequest(f"{name} must be {must}, got {v} (over HTTP, {name} is a 32-bit integer: "
+                                 f"numbers above {2**31 - 1} arrive wrapped around, e.g. {v + 2**32} as {v})")
 
 
 def _scalar(values: dict, name: str, kind: type):
