@@ -84,7 +84,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     prompts = load_jsonl(a.prompts_file)[: a.prompts] if a.prompts_file else heldout_prompts(a.prompts, a.band, a.seed)
     sizes = [int(b) for b in a.batch_sizes.split(",")]
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
-          f"batch sizes {sizes}, k={cfg.proposer.k} ({cfg.scheduler.policy}), {a.repeats} interleaved repeats, {a.device} {a.dtype}")
+          f"batch sizes {sizes}, k={cfg.proposer.k} ({cfg.scheduler.policy}), {a.repeats} interleaved repeats, "
+          f"{cfg.runtime.device} {cfg.runtime.dtype}")
     figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats)
     print(table(figures))
     if a.profile:

@@ -9,9 +9,9 @@ and `specdec build-repo` are all derived from the dataclasses below, so a defaul
 changes here and nowhere else.
 
 Structured values are typed: an EAGLE-2 tree is a (top_k, depth, total_tokens) tuple, a Medusa
-tree a tuple of index paths. Text forms ("top_k,depth,total_tokens", JSON paths) exist only at the edges (flags and
-config.pbtxt, whose parameters are strings by Triton's design) and are parsed here. No torch
-import: the CLI's help and the model repository writer do not load it.
+tree a tuple of index paths. Their text forms ("top_k,depth,total_tokens", JSON paths) exist only
+at the edges (flags, and config.pbtxt, whose parameters are strings by Triton's design) and are
+parsed here. No torch import: the CLI's help and the model repository writer do not load it.
 """
 
 from __future__ import annotations
@@ -168,15 +168,23 @@ def settings_of(section: str, cls: type) -> dict[str, Setting]:
     return out
 
 
-SETTINGS: dict[str, Setting] = {}
-for _name, _cls in SECTIONS.items():
-    for _key, _s in settings_of(_name, _cls).items():
-        assert _key not in SETTINGS, f"setting {_key} appears in two sections"
-        SETTINGS[_key] = _s
+def _all_settings() -> dict[str, Setting]:
+    table: dict[str, Setting] = {}
+    for name, cls in SECTIONS.items():
+        for key, s in settings_of(name, cls).items():
+            if key in table:
+                raise TypeError(f"setting {key} is in sections {table[key].section} and {name}: keys must be unique")
+            table[key] = s
+    return table
+
+
+SETTINGS = _all_settings()  # every leaf setting by flat key, in section order
 
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """Everything `build_engine` needs; immutable, so a copy with changes is `with_(...)`."""
+
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     proposer: ProposerConfig = field(default_factory=ProposerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
