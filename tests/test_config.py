@@ -219,3 +219,19 @@ def test_method_help_names_every_registered_proposer():
 
     for method in ("baseline", *PROPOSERS):
         assert method in SETTINGS["method"].help, method
+
+
+def test_request_defaults_are_the_sampling_defaults():
+    """A request's defaults are written in the interface table (torch-free, what clients and the
+    docs read) and in SamplingParams (core): the two must agree, name by name."""
+    from dataclasses import fields as dc_fields
+
+    from specdec.core.sampling import SamplingParams
+    from specdec.serving.interface import INPUTS
+
+    core = {f.name: getattr(SamplingParams(), f.name) for f in dc_fields(SamplingParams)}
+    shared = [f for f in INPUTS if f.name in core]
+    assert {f.name for f in shared} >= {"max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens",
+                                         "ignore_eos", "num_draft_tokens"}
+    for f in shared:
+        assert f.default == core[f.name], f.name

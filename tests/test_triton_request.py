@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdec.core.errors import InvalidRequest
-from specdec.serving.request import DEFAULT_MAX_TOKENS, parse
+from specdec.serving.request import DEFAULTS, parse
 
 
 def text(s: str | bytes) -> np.ndarray:
@@ -20,7 +20,7 @@ def test_defaults():
     assert r.prompt == "hello" and not r.stream and not r.exclude_input
     p = r.params
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.min_tokens) == \
-        (DEFAULT_MAX_TOKENS, 0.0, 1.0, 0, None, [], 0)
+        (DEFAULTS["max_tokens"], 0.0, 1.0, 0, None, [], 0)
     assert p.num_draft_tokens is None and not p.ignore_eos
 
 

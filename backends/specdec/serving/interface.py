@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_MAX_TOKENS = 64
-
-
 @dataclass(frozen=True)
 class Field:
     name: str
@@ -28,7 +25,7 @@ WIRE_TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT6
 
 INPUTS = [
     Field("text_input", "TYPE_STRING", "[ 1 ]", None, "the prompt (UTF-8)", optional=False),
-    Field("max_tokens", "TYPE_INT32", "[ 1 ]", DEFAULT_MAX_TOKENS, "tokens to generate, 1 .. max_context - 1"),
+    Field("max_tokens", "TYPE_INT32", "[ 1 ]", 64, "tokens to generate, 1 .. max_context - 1"),
     Field("stream", "TYPE_BOOL", "[ 1 ]", False, "true: one response per engine step (text delta); false: one response"),
     Field("temperature", "TYPE_FP32", "[ 1 ]", 0.0, "0 = greedy; > 0 samples"),
     Field("top_p", "TYPE_FP32", "[ 1 ]", 1.0, "nucleus cut, in (0, 1]"),

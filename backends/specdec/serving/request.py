@@ -16,7 +16,9 @@ import numpy as np
 
 from specdec.core.errors import InvalidRequest
 from specdec.core.sampling import SamplingParams
-from specdec.serving.interface import DEFAULT_MAX_TOKENS, INPUT_NAMES, INPUTS
+from specdec.serving.interface import INPUT_NAMES, INPUTS
+
+DEFAULTS = {f.name: f.default for f in INPUTS}
 
 # keys of the vLLM backend's `sampling_parameters` JSON that map onto our inputs
 SAMPLING_JSON = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -67,22 +69,22 @@ def parse(inputs: dict[str, np.ndarray], parameters: dict | str | None = None) -
         min_tokens = _scalar(values, "min_length", int)
     stop = [_decode(s, "stop_words") for s in np.asarray(values.get("stop_words", [])).reshape(-1)]
     params = SamplingParams(
-        max_tokens=_get(values, "max_tokens", int, DEFAULT_MAX_TOKENS),
-        temperature=_get(values, "temperature", float, 0.0),
-        top_p=_get(values, "top_p", float, 1.0),
-        top_k=_get(values, "top_k", int, 0),
+        max_tokens=_get(values, "max_tokens", int),
+        temperature=_get(values, "temperature", float),
+        top_p=_get(values, "top_p", float),
+        top_k=_get(values, "top_k", int),
         seed=seed,
         stop=[s for s in stop if s],
         min_tokens=min_tokens or 0,
-        ignore_eos=_get(values, "ignore_eos", bool, False),
+        ignore_eos=_get(values, "ignore_eos", bool),
         num_draft_tokens=_scalar(values, "num_draft_tokens", int),
     )
     if math.isnan(params.temperature):
         raise InvalidRequest("temperature must be a finite number >= 0, got nan")
     _check_wrapped(values)
     params.validate()
-    return ParsedRequest(prompt, params, _get(values, "stream", bool, False),
-                         _get(values, "exclude_input_in_output", bool, False))
+    return ParsedRequest(prompt, params, _get(values, "stream", bool),
+                         _get(values, "exclude_input_in_output", bool))
 
 
 INT32_INPUTS = [f.name for f in INPUTS if f.dtype == "TYPE_INT32"]
@@ -117,9 +119,10 @@ def _scalar(values: dict, name: str, kind: type):
     return float(v)
 
 
-def _get(values: dict, name: str, kind: type, default):
+def _get(values: dict, name: str, kind: type):
+    """The input's value, or its default from the interface table."""
     v = _scalar(values, name, kind)
-    return default if v is None else v
+    return DEFAULTS[name] if v is None else v
 
 
 def _text(array: np.ndarray, name: str) -> str:

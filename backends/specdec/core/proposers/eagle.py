@@ -32,9 +32,11 @@ from specdec.core.proposers.registry import Target, register, require
 
 @dataclass
 class EagleTree:
-    top_k: int = 4
-    depth: int = 5
-    total_tokens: int = 24
+    """EAGLE-2's tree shape (the default is the `eagle_tree` setting in `specdec.core.config`)."""
+
+    top_k: int
+    depth: int
+    total_tokens: int
 
 
 class EagleProposer:
