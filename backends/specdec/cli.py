@@ -92,7 +92,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print("\nwhere a decode step's time goes (ms per step, share of the step):")
         print(profile_table(figures))
     if a.json:
-        setup = {k: v for k, v in vars(a).items() if k != "func"}
+        setup = {k: SETTINGS[k].to_text(v) if isinstance(v, tuple) else v  # trees in their flag form
+                 for k, v in vars(a).items() if k != "func"}
         write_json(figures, a.json, setup)
         print(f"wrote {a.json}")
     return 0
