@@ -291,6 +291,7 @@ def test_signal_drains_streams_in_flight_and_stops_cleanly(repo, tmp_path, signu
         t0 = time.monotonic()
         serve.proc.send_signal(signum)
         assert wait_for(lambda: "draining" in serve.text, 5)
+        assert wait_for(lambda: "spec_ngram draining" in serve.log.read_text(errors="replace"), 5)  # the backend knows
         status, body = generate(serve.http, "spec_ngram")
         assert status >= 400 and "draining" in body["error"], body  # new requests are refused
         assert serve.wait_exit(drain_s + 30) == 0, serve.text
