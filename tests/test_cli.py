@@ -25,7 +25,7 @@ def test_generate_prints_text_and_stats(kit, capsys):  # noqa: F811
 def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, capsys):  # noqa: F811
     path = tmp_path / "bench.json"
     args = ["bench", *kit_args(kit), "--prompts", "2", "--max-tokens", "12", "--repeats", "1",
-            "--batch-sizes", "1,2", "--json", str(path)]
+            "--batch-sizes", "1,2", "--json", str(path), "--profile"]
     assert main(args) == 0
     out = capsys.readouterr().out
     figures = json.loads(path.read_text())["figures"]
@@ -38,4 +38,7 @@ def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, cap
         if f["method"] == "baseline":
             assert f["speedup"] == pytest.approx(1.0) and f["mean_accepted_length"] == pytest.approx(1.0)
         else:
-            assert f["mean_draft_tokens"] > 0
+            assert 0 < f["mean_draft_tokens"] <= 4  # k = 4 caps every method, trees included
+        steps = f["step_ms"]
+        assert steps["forward"] > 0 and steps["step"] >= steps["forward"] + steps["draft"]
+        assert f"| {f['batch']} | {f['method']} | {steps['step']:.2f} |" in out  # the profile table

@@ -76,7 +76,7 @@ CASES = [
     ("draft", SamplingParams(max_tokens=3, temperature=1.0, top_k=5, top_p=0.9, ignore_eos=True), dict(k=2)),
     ("eagle", SamplingParams(max_tokens=3, temperature=0.7, top_p=0.95, ignore_eos=True), dict(k=2)),
     ("medusa", SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, ignore_eos=True),
-     dict(medusa_tree="[[0], [1], [0, 0], [0, 1], [1, 0], [2]]")),
+     dict(medusa_tree="[[0], [1], [0, 0], [0, 1], [1, 0], [2]]", k=6)),
     ("eagle2", SamplingParams(max_tokens=3, temperature=1.0, top_k=4, ignore_eos=True), dict(eagle_tree="3,3,8")),
     ("ngram", SamplingParams(max_tokens=3, temperature=0.9, ignore_eos=True), dict(k=2, ngram_min=1)),
 ]
@@ -100,7 +100,7 @@ def test_typical_acceptance_is_opt_in_and_measurably_lossy(small):
     """The lossy option exists only when asked for, and the chi-square test can tell."""
     params = SamplingParams(max_tokens=3, temperature=1.0, ignore_eos=True)
     tree = "[[0], [1], [0, 0], [0, 1], [1, 0], [2]]"
-    counts, metrics = sampled_joint(small, "medusa", params, medusa_tree=tree, acceptance="typical",
+    counts, metrics = sampled_joint(small, "medusa", params, medusa_tree=tree, k=6, acceptance="typical",
                                     typical_threshold=0.3, typical_alpha=0.9)
     assert metrics.accepted_tokens > 0
     assert p_value(counts, exact_joint(small["target"], params)) < 1e-3

@@ -86,7 +86,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specdec.tools.bench import available_methods, bench, kit_paths, table, write_json
+    from specdec.tools.bench import available_methods, bench, kit_paths, profile_table, table, write_json
     from specdec.tools.prompts import heldout_prompts, load_jsonl
 
     cfg = engine_config(a, "baseline", 1)
@@ -100,6 +100,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
           f"batch sizes {sizes}, k={a.k} ({a.policy}), {a.repeats} interleaved repeats, {a.device} {a.dtype}")
     figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats)
     print(table(figures))
+    if a.profile:
+        print("\nwhere a decode step's time goes (ms per step, share of the step):")
+        print(profile_table(figures))
     if a.json:
         setup = {k: v for k, v in vars(a).items() if k != "func"}
         write_json(figures, a.json, setup)
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the figures to this JSON file")
+    b.add_argument("--profile", action="store_true", help="also split a decode step's time by phase, per method")
     b.set_defaults(func=cmd_bench)
 
     a = parser.parse_args(argv)
