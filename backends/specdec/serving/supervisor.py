@@ -95,7 +95,9 @@ class Supervisor:
 
     def reload(self, model: str, dead: set[int]) -> None:
         t0 = time.monotonic()
-        self.say(f"watchdog: model {model}: backend stub (pid {', '.join(map(str, sorted(dead)))}) died; reloading it")
+        stuck = self._in_flight(model)
+        self.say(f"watchdog: model {model}: backend stub (pid {', '.join(map(str, sorted(dead)))}) died "
+                 f"with {'?' if stuck is None else int(stuck)} requests in flight; reloading it")
         counts = control.count_restart(self.control, model)
         try:
             self._repository(model, "unload")
@@ -157,6 +159,17 @@ class Supervisor:
                 time.sleep(0.05)
         except (ServerError, ValueError) as exc:
             self.say(f"unloading the models failed ({exc}); stopping tritonserver anyway")
+
+    def _in_flight(self, model: str) -> float | None:
+        """The dead stub's last running + waiting gauges (they live in tritonserver, not the stub)."""
+        try:
+            with urllib.request.urlopen(self.server.metrics_url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        names = ("specdec:num_requests_running", "specdec:num_requests_waiting")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(names) and f'model="{model}"' in line)
 
     # ---- repository API -------------------------------------------------------------------------
     def _repository(self, model: str, action: str, timeout_s: float = 60.0) -> None:
