@@ -161,6 +161,7 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.control = control.control_dir()
+        self.server_pid = os.getppid()  # tritonserver
         self.draining = False
         counts = control.restarts(self.control)
         self.metrics.restarts(counts["models"].get(self.name, 0), counts.get("server", 0))
@@ -216,8 +217,11 @@ class TritonPythonModel:
     def _watch(self) -> None:
         """Streaming requests are checked by the sender after each response; requests still queued
         for a slot and non-streaming ones send nothing until the end, so poll those here. Also
-        follows the drain deadline."""
+        follows the drain deadline, and ends this stub when tritonserver is gone (killed, say): the
+        stub's own check takes minutes, holding the model's memory."""
         while not self.stopping.wait(WATCH_INTERVAL_S):
+            if os.getppid() != self.server_pid:
+                os._exit(1)
             with self.lock:
                 waiting = [s for s in self.active.values()
                            if s.seq is not None and not s.done and (s.seq.slot < 0 or not s.parsed.stream)]

@@ -109,6 +109,9 @@ def server_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def die_with_parent(parent: int) -> Callable[[], None]:
     """A preexec_fn: the child gets SIGKILL when the thread that started it dies, even by kill -9,
     so tritonserver is never left serving with parent pid 1 (its stubs then follow their parent)."""
@@ -119,9 +122,6 @@ def die_with_parent(parent: int) -> Callable[[], None]:
         if os.getppid() != parent:  # the parent died before prctl
             os._exit(1)
     return preexec
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:

@@ -41,22 +41,29 @@ STUB = "triton_python_backend_stub"
 
 
 def stub_pids(server_pid: int) -> dict[str, set[int]]:
-    """Live backend stubs of a tritonserver process, by model name."""
+    """Live backend stubs of a tritonserver process, by model name (a scan of /proc: ~20 ms)."""
     stubs: dict[str, set[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or not is_child(int(entry.name), server_pid):
             continue
         try:
-            stat = (entry / "stat").read_text()
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile
             continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) != server_pid or state in ("Z", "X") or len(argv) < 2 or not argv[0].endswith(STUB.encode()):
+        if len(argv) < 2 or not argv[0].endswith(STUB.encode()):
             continue
         model = Path(argv[1].decode(errors="replace")).parent.parent.name  # <repo>/<model>/<version>/model.py
         stubs.setdefault(model, set()).add(int(entry.name))
     return stubs
+
+
+def is_child(pid: int, parent: int) -> bool:
+    """pid is a live (not zombie) child of parent: the watchdog's cheap per-tick check."""
+    try:
+        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return False
+    return int(ppid) == parent and state not in ("Z", "X")
 
 
 class Supervisor:
@@ -80,17 +87,17 @@ class Supervisor:
         if proc.poll() is not None:
             self.restart_server(proc.returncode)
             return
-        alive = stub_pids(proc.pid)
         for model in self.server.models:
-            dead = self.known.get(model, set()) - alive.get(model, set())
+            dead = {pid for pid in self.known.get(model, set()) if not is_child(pid, proc.pid)}
             if dead:
                 self.reload(model, dead)
-                alive = stub_pids(proc.pid)
-        self.known = alive
+                self.known = stub_pids(proc.pid)
 
     def reload(self, model: str, dead: set[int]) -> None:
         t0 = time.monotonic()
-        self.say(f"watchdog: model {model}: backend stub (pid {', '.join(map(str, sorted(dead)))}) died; reloading it")
+        stuck = self._in_flight(model)
+        self.say(f"watchdog: model {model}: backend stub (pid {', '.join(map(str, sorted(dead)))}) died "
+                 f"with {'?' if stuck is None else int(stuck)} requests in flight; reloading it")
         counts = control.count_restart(self.control, model)
         try:
             self._repository(model, "unload")
@@ -124,12 +131,12 @@ class Supervisor:
         self.say(f"draining: no new requests; running ones have {self.drain_timeout_s:g} s to finish "
                  "(a second Ctrl-C ends them now)")
         hurried = False
+        stubs = set().union(*stub_pids(proc.pid).values())
         while proc.poll() is None and time.time() < deadline + ABORT_GRACE_S:
             if not hurried and hurry():
                 hurried, deadline = True, time.time()
                 control.request_drain(self.control, deadline)
-            stubs = set().union(*stub_pids(proc.pid).values())
-            if all(control.drained(self.control, pid) for pid in stubs):
+            if all(control.drained(self.control, pid) or not is_child(pid, proc.pid) for pid in stubs):
                 break
             time.sleep(0.05)
         else:
@@ -152,6 +159,17 @@ class Supervisor:
                 time.sleep(0.05)
         except (ServerError, ValueError) as exc:
             self.say(f"unloading the models failed ({exc}); stopping tritonserver anyway")
+
+    def _in_flight(self, model: str) -> float | None:
+        """The dead stub's last running + waiting gauges (they live in tritonserver, not the stub)."""
+        try:
+            with urllib.request.urlopen(self.server.metrics_url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        names = ("specdec:num_requests_running", "specdec:num_requests_waiting")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(names) and f'model="{model}"' in line)
 
     # ---- repository API -------------------------------------------------------------------------
     def _repository(self, model: str, action: str, timeout_s: float = 60.0) -> None:
