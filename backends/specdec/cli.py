@@ -73,7 +73,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specdec.tools.bench import available_methods, bench, kit_paths, profile_table, table, write_json
+    from specdec.tools.bench import (available_methods, bench, kit_paths, peer_table, profile_table, table,
+                                      write_json)
     from specdec.tools.prompts import heldout_prompts, load_jsonl
 
     cfg = engine_config(a, "baseline", 1)
@@ -86,8 +87,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
           f"batch sizes {sizes}, k={cfg.proposer.k} ({cfg.scheduler.policy}), {a.repeats} interleaved repeats, "
           f"{cfg.runtime.device} {cfg.runtime.dtype}")
-    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats)
+    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer)
     print(table(figures))
+    if a.peer:
+        print(f"\n{a.peer} peer, interleaved with specdec (same checkpoints, prompt ids, k):")
+        print(peer_table(figures))
     if a.profile:
         print("\nwhere a decode step's time goes (ms per step, share of the step):")
         print(profile_table(figures))
@@ -133,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the figures to this JSON file")
     b.add_argument("--profile", action="store_true", help="also split a decode step's time by phase, per method")
+    b.add_argument("--peer", choices=["hf"], help="also run HF transformers' plain, assisted and prompt-lookup "
+                   "generation on the same checkpoints, interleaved, and print the ratios")
     b.set_defaults(func=cmd_bench)
 
     a = parser.parse_args(argv)
