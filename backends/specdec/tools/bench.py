@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from specdec.core.engine import PHASES, Engine, EngineMetrics
-from specdec.core.engine_config import DTYPES, EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.tools.kit.evaluate import distinct_n
 from specdec.tools.peer_hf import PAIRS, HFPeer
 from specdec.core.policy import CostModel
@@ -121,7 +122,7 @@ def bench(
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     figures: list[MethodFigures] = []
     for batch in batch_sizes:
-        engines = {m: build_engine(replace(base, method=m, max_batch=batch)) for m in methods}
+        engines = {m: build_engine(base.with_(method=m, max_batch=batch)) for m in methods}
         if batch == batch_sizes[0]:
             curve = verify_cost_curve(engines["baseline"])
             log("target forward time vs tokens (relative to 1): "
@@ -133,7 +134,7 @@ def bench(
         stats: dict[str, list] = {}
         metrics: dict[str, EngineMetrics] = {}
         runs: dict[str, list[EngineMetrics]] = {m: [] for m in methods}
-        hf = HFPeer(kit_of(base), DTYPES[base.dtype], base.k) if peer == "hf" else None
+        hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" else None
         peers = hf.methods(batch) if hf else []
         peer_seconds: dict[str, list[float]] = {p: [] for p in peers}
         peer_outputs: dict[str, list[list[int]]] = {}
@@ -193,7 +194,7 @@ def bench(
 
 
 def kit_of(cfg: EngineConfig) -> dict[str, str]:
-    return {name: getattr(cfg, name) for name in ("target", "draft") if getattr(cfg, name)}
+    return {name: getattr(cfg.checkpoints, name) for name in ("target", "draft") if getattr(cfg.checkpoints, name)}
 
 
 def table(figures: list[MethodFigures]) -> str:
