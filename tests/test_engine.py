@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdec.core.engine import PHASES, Result
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError, InvalidRequest
 from specdec.core.sampling import SamplingParams
 from tiny_checkpoints import CORPUS, make_heads, make_perturbed_copy
@@ -28,8 +29,8 @@ def kit(tmp_path_factory, tiny_target):
 
 def engine(kit, method="baseline", **kw):
     kw.setdefault("dtype", "float64")
-    kw.setdefault("adaptive", False)
-    return build_engine(EngineConfig(method=method, **kit, **kw))
+    kw.setdefault("policy", "fixed")
+    return build_engine(EngineConfig.of(method=method, **kit, **kw))
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:
@@ -263,7 +264,7 @@ def engine_tokenizer(kit):
 def test_adaptive_calibration_fits_any_tree_in_the_cache(kit, method):
     """The start-up cost probe covers max_batch * (max_k + 1) tokens: it must stay inside the cache
     whatever the tree size (the shipped spec_medusa, 8 x 62 tokens into a 512-token context, failed to load)."""
-    eng = engine(kit, method, max_batch=8, max_context=64, adaptive=True)
+    eng = engine(kit, method, max_batch=8, max_context=64, policy="adaptive")
     assert eng.policy.cost.token_counts[-1] == 8 * (eng.policy.max_k + 1)
     [result] = eng.generate(["def f(x):"], SamplingParams(max_tokens=8, ignore_eos=True))
     assert result.error is None and len(result.token_ids) == 8

@@ -203,3 +203,19 @@ def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_veri
     for k in p.candidates:
         for subset in itertools.product([0, 1], repeat=len(batch)):
             assert rate(ks) >= rate([k * on for on in subset]) - 1e-12
+
+
+def test_a_busy_spell_at_the_chosen_token_count_does_not_switch_speculation_off():
+    """Other processes slow the machine 3x while the batch runs at the policy's pick: target and
+    proposer costs rise alike (the load factor), so the pick stays. (Correcting only the curve's
+    point at that count made it look 3x dearer than one token, and speculation stopped.)"""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], draft_fixed=0.1, draft_per_level=0.1)
+    s = seqs(p, 1, 0.8)[0]
+    [k] = p.choose([s])
+    assert k == 4
+    for _ in range(60):
+        p.observe(StepRecord([s], [k], [k], [k], [len(s.tokens)], propose_seconds=3 * 0.5, depth=k,
+                             step_seconds=3 * 1.4, tokens=k + 1))
+    assert p.cost.load == pytest.approx(3.0, rel=0.05)
+    assert p.choose([s]) == [4]

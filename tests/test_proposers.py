@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError
 from specdec.core.proposers.medusa import MC_SIM_7B_63
 from specdec.core.proposers.ngram import lookup
@@ -37,7 +38,7 @@ def recorded_first_drafts(eng, skip_every: int = 0):
 @pytest.mark.parametrize("skip_every", [0, 3])
 @pytest.mark.parametrize("method", ["eagle", "eagle2"])
 def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):  # noqa: F811
-    eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     target, head = eng.target, eng.proposer.head
     for tokens, draft in recorded_first_drafts(eng, skip_every):
         ids = torch.tensor([tokens])
@@ -50,7 +51,7 @@ def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):
 
 
 def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
-    eng = build_engine(EngineConfig(method="medusa", dtype="float64", adaptive=False, max_batch=2, **kit))
+    eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", max_batch=2, **kit))
     target, heads = eng.target, eng.proposer.heads
     for tokens, draft in recorded_first_drafts(eng):
         with torch.no_grad():
@@ -63,7 +64,7 @@ def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
 
 @pytest.mark.parametrize("skip_every", [0, 3])
 def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every):  # noqa: F811
-    eng = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    eng = build_engine(EngineConfig.of(method="draft", dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     model = eng.proposer.model
     for tokens, draft in recorded_first_drafts(eng, skip_every):
         with torch.no_grad():
@@ -80,21 +81,21 @@ def test_ngram_prefers_a_match_with_a_full_continuation():
 
 @pytest.mark.parametrize("method, k", [("medusa", 4), ("medusa", 1), ("eagle2", 4), ("eagle2", 2)])
 def test_k_caps_the_tree_nodes_of_every_step(kit, method, k):  # noqa: F811
-    eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=k, **kit))
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=k, **kit))
     assert eng.proposer.max_k == k
     sizes = [len(d) for _, d in recorded_first_drafts(eng)]
     assert max(sizes) == k
 
 
 def test_medusa_tree_is_pruned_to_its_best_first_prefix_with_buffers_built_once(kit):  # noqa: F811
-    eng = build_engine(EngineConfig(method="medusa", dtype="float64", adaptive=False, k=5, **kit))
+    eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", k=5, **kit))
     proposer = eng.proposer
     assert proposer.tree == MC_SIM_7B_63[:5]  # [0] [0,0] [1] [0,1] [2]
     assert [proposer.depth_for(k) for k in range(7)] == [0, 1, 2, 2, 2, 2, 2]
     drafts = [d for _, d in recorded_first_drafts(eng)]
     assert all(d.shape is proposer.shapes[len(d)] for d in drafts)  # shared, not rebuilt per step
     with pytest.raises(ConfigurationError, match="k >= 1"):
-        build_engine(EngineConfig(method="medusa", dtype="float64", k=0, **kit))
+        build_engine(EngineConfig.of(method="medusa", dtype="float64", k=0, **kit))
 
 
 def test_tree_shape_mask_sees_exactly_the_ancestors():

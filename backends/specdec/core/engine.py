@@ -71,13 +71,14 @@ class Engine:
         self,
         target: LlamaForCausalLM,
         tokenizer: Tokenizer,
-        proposer: Proposer | None = None,
-        max_batch: int = 8,
-        max_context: int = 1024,
-        adaptive: bool = True,
-        queue_timeout_s: float = 60.0,
+        proposer: Proposer | None,
+        max_batch: int,
+        max_context: int,
+        adaptive: bool,
+        queue_timeout_s: float,
         typical: TypicalAcceptance | None = None,
     ) -> None:
+        """The settings' defaults live in `specdec.core.config`; `build_engine` passes them all."""
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.typical = typical  # lossy Medusa-2 acceptance for sampled requests; None = exact
         self.max_batch, self.max_context = max_batch, max_context

@@ -43,7 +43,8 @@ PRIOR_TRIALS = 2.0  # weight of the engine-wide acceptance in each sequence's es
 DECAY = 0.95  # per round, on a sequence's counts (also in rounds without a draft: the prior regains weight)
 ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samples
 COLLAPSE_ALPHA = 0.15
-VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve
+VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
+LOAD_RATE = 0.2  # how far one measured step moves the machine's load factor
 PROBE_EVERY = 16  # every this many steps times the batch size (a probe costs more in a big batch),
 # one step drafts every sequence one candidate k deeper than the policy's pick: it measures the
 # acceptance of sequences that stopped, and the verify and proposal costs just beyond the pick,
@@ -58,15 +59,27 @@ def expected_tokens(alpha: float, depth: int) -> float:
 
 @dataclass
 class CostModel:
-    """Seconds for a target forward over n tokens (interpolated) and for a proposal of some depth."""
+    """Seconds for a step's target side over n tokens (interpolated) and for a proposal of some depth.
+
+    On a shared machine every cost rises and falls together with the other processes' load: one
+    factor, `load`, tracks that (fast, from every step), and the curve and the proposal fit are kept
+    in calibration units (slowly corrected for what the load does not explain). A busy spell
+    measured while the batch ran at one token count then no longer makes that count look dearer
+    than the others, and the choice of k (a ratio of costs) does not swing with the machine's load.
+    """
 
     token_counts: list[int] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    draft_fixed: float = 0.0
+    seconds: list[float] = field(default_factory=list)  # at load 1
+    draft_fixed: float = 0.0  # at load 1
     draft_per_level: float = 0.0
     draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))
+    load: float = 1.0  # how much slower than at calibration the machine runs now
+    last_n: int = 0  # the token count of the last measured step (0: none yet)
 
     def draft(self, depth: int) -> float:
+        return self.load * self.draft_at_calibration(depth)
+
+    def draft_at_calibration(self, depth: int) -> float:
         return self.draft_fixed + self.draft_per_level * depth if depth > 0 else 0.0
 
     def observe_draft(self, depth: int, seconds: float) -> None:
@@ -74,7 +87,7 @@ class CostModel:
         recently (medians, so that proposals preempted on a busy machine do not move it). A sample
         counts at most 3x the current prediction: one proposal that caught up on a whole prompt
         must not switch speculation off for good (while it is off no samples correct it)."""
-        predicted = self.draft(depth)
+        predicted, seconds = self.draft_at_calibration(depth), seconds / self.load
         self.draft_samples.append((depth, min(seconds, 3 * predicted) if predicted > 0 else seconds))
         by_depth: dict[int, list[float]] = {}
         for d, t in self.draft_samples:
@@ -88,23 +101,31 @@ class CostModel:
             slope = sum(w * (d - mean_d) * (t - mean_t) for d, t, w in points) / var
             self.draft_per_level = max(slope, 0.0)
             self.draft_fixed = max(mean_t - self.draft_per_level * mean_d, 0.0)
-        elif self.draft(points[0][0]) > 0:  # one depth seen so far: keep the shape, match the level
-            scale = points[0][1] / self.draft(points[0][0])
+        elif self.draft_at_calibration(points[0][0]) > 0:  # one depth seen so far: keep the shape, match the level
+            scale = points[0][1] / self.draft_at_calibration(points[0][0])
             self.draft_fixed *= scale
             self.draft_per_level *= scale
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        """Move the curve's points around n towards a measured step (one step's ratio clipped to 0.5-2x)."""
+        """Move the load towards a measured step; after a step at another count, also move the
+        curve's points around n towards what the load does not explain (ratios clipped to 0.5-2x).
+        Steps at one count cannot tell a busy machine from a wrong curve: they move the load only."""
         i = bisect_left(self.token_counts, n)
         if i < len(self.token_counts) and self.token_counts[i] == n:
             points = [i]
         else:
             points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
-        ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
-        for j in points:
-            self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
+        self.load *= 1 + LOAD_RATE * (min(max(seconds / self.verify(n), 0.5), 2.0) - 1)
+        if self.last_n and n != self.last_n:  # a contrast: only a step at another count than the last tells shape from load
+            ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
+            for j in points:
+                self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
+        self.last_n = n
 
     def verify(self, n: int) -> float:
+        return self.load * self.verify_at_calibration(n)
+
+    def verify_at_calibration(self, n: int) -> float:
         i = bisect_left(self.token_counts, n)
         if i == 0:
             return self.seconds[0]

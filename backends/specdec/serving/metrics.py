@@ -52,7 +52,7 @@ class Metrics:
         self.pb, self.model, self.engine, self.interval_s = pb_utils, model, engine, interval_s
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
-        # the families must outlive their Metric objects (DESIGN.md section 6): keep them on self
+        # the families must outlive their Metric objects (docs/design.md, "Triton traps"): keep them on self
         self.families = {name: pb_utils.MetricFamily(name=name, description=desc, kind=kinds[kind])
                          for name, (kind, desc) in FAMILIES.items()}
         self.metrics: dict[tuple, object] = {}

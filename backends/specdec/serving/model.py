@@ -153,7 +153,7 @@ class TritonPythonModel:
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.config = placed(engine_config(parameters, args["model_repository"]),
                              args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
-        self.stream_interval = backend_options(parameters)["stream_interval"]
+        self.stream_interval = backend_options(parameters).stream_interval
         self.engine = build_engine(self.config)
         self.metrics = Metrics(pb_utils, self.name, self.engine)
         self.ids = itertools.count()

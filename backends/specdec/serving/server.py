@@ -3,7 +3,7 @@
 `assemble_backends()` builds a backend directory: `python/` (pytriton's libtriton_python.so, its
 utils and the stub for this Python version) and `specdec/model.py` (an entry point importing
 `specdec.serving.model`), so model configs say `backend: "specdec"`. `TritonServer` runs the binary
-with the environment it needs (DESIGN.md section 6): the venv's bin first on PATH, the wheel's
+with the environment it needs (docs/design.md, "Triton traps"): the venv's bin first on PATH, the wheel's
 `nvidia_pytriton.libs` on LD_LIBRARY_PATH, a unique shared-memory prefix, and waits until every
 model is ready; it dies with the process that started it (PR_SET_PDEATHSIG). `main()` is
 `specdec serve`: tritonserver under `supervisor.Supervisor` (stub and server restarts, drain on
@@ -392,7 +392,7 @@ def check_checkpoints(repo: Path, models: list[str]) -> None:
         except ConfigurationError as exc:
             raise ServerError(f"{repo / model / 'config.pbtxt'}: {exc}") from None
         for key in ("target", "draft", "medusa", "eagle"):
-            folder = getattr(cfg, key)
+            folder = getattr(cfg.checkpoints, key)
             if folder and not Path(folder).is_dir():
                 raise ServerError(
                     f"model {model}: {key} checkpoint folder {folder} does not exist. Build the demo kit first "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
@@ -107,12 +108,12 @@ class DraftModelProposer:
 
 
 @register("draft")
-def build(cfg, target: Target) -> DraftModelProposer:
-    folder = require(cfg.draft, "draft", cfg.method)
+def build(cfg: EngineConfig, target: Target) -> DraftModelProposer:
+    folder = require(cfg.checkpoints.draft, "draft", cfg.proposer.method)
     if Tokenizer(folder).fingerprint() != target.tokenizer.fingerprint():
         raise ConfigurationError(f"draft {folder!r} uses a different tokenizer than target {target.folder!r}")
     model = load_model(folder, target.dtype, target.device)
     if model.config.vocab_size != target.model.config.vocab_size:
         raise ConfigurationError(
             f"draft vocabulary ({model.config.vocab_size}) differs from the target's ({target.model.config.vocab_size})")
-    return DraftModelProposer(model, cfg.k, target.eos_ids)
+    return DraftModelProposer(model, cfg.proposer.k, target.eos_ids)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
@@ -31,9 +32,11 @@ from specdec.core.proposers.registry import Target, register, require
 
 @dataclass
 class EagleTree:
-    top_k: int = 4
-    depth: int = 5
-    total_tokens: int = 24
+    """EAGLE-2's tree shape (the default is the `eagle_tree` setting in `specdec.core.config`)."""
+
+    top_k: int
+    depth: int
+    total_tokens: int
 
 
 class EagleProposer:
@@ -199,9 +202,10 @@ class EagleProposer:
 
 
 @register("eagle", "eagle2")
-def build(cfg, target: Target) -> EagleProposer:
-    head = EagleHead.load(require(cfg.eagle, "eagle", cfg.method), target.dtype, target.device)
+def build(cfg: EngineConfig, target: Target) -> EagleProposer:
+    p = cfg.proposer
+    head = EagleHead.load(require(cfg.checkpoints.eagle, "eagle", p.method), target.dtype, target.device)
     if head.config.hidden_size != target.model.config.hidden_size:
         raise ConfigurationError("EAGLE head hidden size differs from the target's")
-    tree = EagleTree(*(int(x) for x in cfg.eagle_tree.split(","))) if cfg.method == "eagle2" else None
-    return EagleProposer(head, target.model, cfg.k, tree, target.eos_ids)
+    tree = EagleTree(*p.eagle_tree) if p.method == "eagle2" else None
+    return EagleProposer(head, target.model, p.k, tree, target.eos_ids)

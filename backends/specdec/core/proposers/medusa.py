@@ -13,11 +13,10 @@ shapes and the gather indices are built once at construction, as Medusa's genera
 
 from __future__ import annotations
 
-import json
-
 import torch
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import MedusaHeads
 from specdec.core.proposers.registry import Target, register, require
@@ -96,8 +95,9 @@ def heads_device(heads: MedusaHeads) -> torch.device:
 
 
 @register("medusa")
-def build(cfg, target: Target) -> MedusaProposer:
-    heads = MedusaHeads.load(require(cfg.medusa, "medusa", cfg.method), target.dtype, target.device)
+def build(cfg: EngineConfig, target: Target) -> MedusaProposer:
+    p = cfg.proposer
+    heads = MedusaHeads.load(require(cfg.checkpoints.medusa, "medusa", p.method), target.dtype, target.device)
     if heads.vocab != target.model.config.vocab_size or heads.hidden != target.model.config.hidden_size:
         raise ConfigurationError("medusa heads do not fit the target (hidden size or vocabulary differ)")
-    return MedusaProposer(heads, json.loads(cfg.medusa_tree) if cfg.medusa_tree else None, cfg.k)
+    return MedusaProposer(heads, [list(path) for path in p.medusa_tree] if p.medusa_tree else None, p.k)

@@ -9,6 +9,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.proposers.registry import Target, register
 from specdec.core.sequence import Sequence
@@ -61,5 +62,6 @@ class NgramProposer:
 
 
 @register("ngram")
-def build(cfg, target: Target) -> NgramProposer:
-    return NgramProposer(cfg.k, cfg.ngram_min, cfg.ngram_max)
+def build(cfg: EngineConfig, target: Target) -> NgramProposer:
+    p = cfg.proposer
+    return NgramProposer(p.k, p.ngram_min, p.ngram_max)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
@@ -31,7 +32,7 @@ class Target:
     device: str
 
 
-Factory = Callable[[Any, Target], Proposer]  # (engine configuration, target) -> proposer
+Factory = Callable[[EngineConfig, Target], Proposer]  # (engine configuration, target) -> proposer
 PROPOSERS: dict[str, Factory] = {}
 
 
@@ -53,6 +54,6 @@ def require(path: str | None, what: str, method: str) -> str:
     return path
 
 
-def build_proposer(cfg: Any, target: Target) -> Proposer:
-    """cfg.method must be registered (the engine configuration checks it against PROPOSERS)."""
-    return PROPOSERS[cfg.method](cfg, target)
+def build_proposer(cfg: EngineConfig, target: Target) -> Proposer:
+    """cfg.proposer.method must be registered (build_engine checks it against PROPOSERS)."""
+    return PROPOSERS[cfg.proposer.method](cfg, target)
