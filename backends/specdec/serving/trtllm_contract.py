@@ -201,8 +201,7 @@ class ContractModel:
         slots = cache_slots or 2 * max_batch
         if slots < max_batch:
             raise ValueError(f"cache_slots ({slots}) must be >= max_batch ({max_batch})")
-        # room for the longest request plus the right padding of a batched prefill
-        self.capacity = 2 * (max_context + max_draft_len + 1)
+        self.capacity = max_context + max_draft_len + 1  # batched prefills that would pad past it run one by one
         self.cache = model.new_cache(slots, self.capacity)
         self.slot_tokens: list[list[int]] = [[] for _ in range(slots)]  # what each slot's KV holds
         self.slot_used = [0] * slots  # last use (LRU eviction)
@@ -218,7 +217,7 @@ class ContractModel:
         if len(req.draft) > self.max_draft_len:
             raise InvalidRequest(f"draft_input_ids has {len(req.draft)} tokens, more than this model's "
                                  f"max_draft_len {self.max_draft_len}")
-        if len(req.input_ids) + req.output_len + len(req.draft) > self.max_context:
+        if len(req.input_ids) + max(req.output_len, len(req.draft) + 1) > self.max_context:
             raise InvalidRequest(f"input_ids ({len(req.input_ids)} tokens) + request_output_len ({req.output_len}) "
                                  f"exceeds max_context {self.max_context}")
         vocab = self.model.config.vocab_size
