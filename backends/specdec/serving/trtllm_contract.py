@@ -53,6 +53,7 @@ INPUTS = {
     "min_length": ("TYPE_INT32", "[ 1 ]", True),
     "exclude_input_in_output": ("TYPE_BOOL", "[ 1 ]", True),
     "streaming": ("TYPE_BOOL", "[ 1 ]", True),
+    "return_kv_cache_reuse_stats": ("TYPE_BOOL", "[ 1 ]", True),  # accepted; the kv_cache_* outputs always come
 }
 OUTPUTS = {
     "output_ids": ("TYPE_INT32", "[ -1, -1 ]"),
