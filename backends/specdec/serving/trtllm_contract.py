@@ -25,7 +25,7 @@ This module is the computation only (no Triton import), so it is unit-tested in-
 from __future__ import annotations
 
 import math
-import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -189,6 +189,7 @@ class CacheStats:
     reused_blocks: int = 0
     forwards: int = 0
     forward_tokens: int = 0
+    seconds: float = 0.0  # in model forwards and token choice
 
 
 class ContractModel:
@@ -210,7 +211,6 @@ class ContractModel:
         self.clock = 0
         self.active: list[Active] = []
         self.stats = CacheStats()
-        self.lock = threading.Lock()
 
     # ---- admission ----------------------------------------------------------------------------
     def check(self, req: ContractRequest) -> None:
@@ -264,12 +264,14 @@ class ContractModel:
     def step(self) -> list[tuple[Active, Reply]]:
         """Prefill (input suffix + draft) for new requests, one token for the others; returns the
         replies to send (streaming: every step's new tokens; otherwise one at the end)."""
+        t0 = time.perf_counter()
         fresh = [a for a in self.active if not a.generated and not a.done]
         going = [a for a in self.active if a.generated and not a.done]
         if fresh:
             self._forward(fresh, [a.req.input_ids[a.reused:] + a.req.draft for a in fresh], first=True)
         if going:
             self._forward(going, [[a.generated[-1]] for a in going], first=False)
+        self.stats.seconds += time.perf_counter() - t0
         replies = []
         for a in list(self.active):
             if a.cancelled:

@@ -31,6 +31,7 @@ COUNTERS = {  # series -> (CacheStats field, description)
     "specdec:contract_reused_tokens": ("reused_tokens", "input_ids tokens whose KV came from the prefix cache"),
     "specdec:contract_reused_blocks": ("reused_blocks", "KV blocks reused (kv_cache_reused_blocks summed)"),
     "specdec:contract_forward_tokens": ("forward_tokens", "Tokens run through the model"),
+    "specdec:contract_compute_seconds": ("seconds", "Seconds in model forwards and token choice"),
 }
 FLUSH_S = 0.2
 
