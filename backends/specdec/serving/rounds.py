@@ -61,16 +61,21 @@ class BlsClient:
         request = pb.InferenceRequest(model_name=model, requested_output_names=INNER_OUTPUTS,
                                       inputs=[pb.Tensor(name, value) for name, value in inputs.items()])
         responses = request.exec(decoupled=True)
+        complete = False
         try:
             for response in responses:
                 if response.has_error():
+                    complete = True  # an error response is the last one
                     raise InnerError(f"{model}: {response.error().message()}")
                 tensors = {name: pb.get_output_tensor_by_name(response, name) for name in INNER_OUTPUTS}
                 if all(t is not None for t in tensors.values()):  # the final flag may come alone
                     yield {name: t.as_numpy() for name, t in tensors.items()}
+            complete = True
         finally:
-            cancel = getattr(responses, "cancel", None)  # stops a streaming call we left early
-            if cancel is not None:
+            # stop a streaming call we leave early; never cancel a finished one: cancelling after the
+            # final response crashed the stub (segfault in libpython under 16 concurrent streams)
+            cancel = getattr(responses, "cancel", None)
+            if not complete and cancel is not None:
                 try:
                     cancel()
                 except Exception:

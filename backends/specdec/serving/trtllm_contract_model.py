@@ -96,15 +96,19 @@ class TritonPythonModel:
     def _loop(self) -> None:
         last_flush = time.monotonic()
         while True:
-            with self.cv:
-                while not self.stopping and not self.waiting and not self.core.active:
+            with self.cv:  # no IPC under this lock: execute() (the stub's main thread) waits on it
+                if not self.stopping and not self.waiting and not self.core.active:
                     self.cv.wait(FLUSH_S)
-                    self._flush()
                 if self.stopping:
                     break
+                idle = not self.waiting and not self.core.active
                 while self.waiting and self.core.can_admit():
                     req, request, sender = self.waiting.popleft()
                     self.senders[id(self.core.admit(req))] = (request, sender)
+            if idle:
+                self._flush()
+                last_flush = time.monotonic()
+                continue
             try:
                 replies = self.core.step()
             except Exception as exc:
