@@ -27,7 +27,7 @@ bench: install
 demo: install
 	$(VENV)/bin/specdec demo
 
-# Serve model_repository/ (the demo kit in build/demo-kit) on tritonserver; Ctrl-C stops it.
+# Serve model_repository/ (the demo kit in build/demo-kit) on tritonserver; Ctrl-C drains and stops it.
 .PHONY: serve
 SERVE_ARGS ?=
 serve: install

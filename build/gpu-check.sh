@@ -40,8 +40,8 @@ runs = {}
 for device in ("cpu", "cuda"):
     for method in ("baseline", "draft", "eagle"):
         t0 = time.perf_counter()
-        engine = build_engine(EngineConfig(method=method, dtype="float64", device=device, max_batch=8,
-                                           adaptive=False, threads=4, **paths))
+        engine = build_engine(EngineConfig.of(method=method, dtype="float64", device=device, max_batch=8,
+                                           policy="fixed", threads=4, **paths))
         runs[device, method] = [r.token_ids for r in engine.generate(prompts, params)]
         print(f"{device:4s} {method:8s} {time.perf_counter() - t0:6.1f} s")
 failures = []

@@ -25,7 +25,7 @@ def test_generate_prints_text_and_stats(kit, capsys):  # noqa: F811
 def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, capsys):  # noqa: F811
     path = tmp_path / "bench.json"
     args = ["bench", *kit_args(kit), "--prompts", "2", "--max-tokens", "12", "--repeats", "1",
-            "--batch-sizes", "1,2", "--json", str(path)]
+            "--batch-sizes", "1,2", "--json", str(path), "--profile"]
     assert main(args) == 0
     out = capsys.readouterr().out
     figures = json.loads(path.read_text())["figures"]
@@ -38,4 +38,21 @@ def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, cap
         if f["method"] == "baseline":
             assert f["speedup"] == pytest.approx(1.0) and f["mean_accepted_length"] == pytest.approx(1.0)
         else:
-            assert f["mean_draft_tokens"] > 0
+            assert 0 < f["mean_draft_tokens"] <= 4  # k = 4 caps every method, trees included
+        steps = f["step_ms"]
+        assert steps["forward"] > 0 and steps["step"] >= steps["forward"] + steps["draft"]
+        assert f"| {f['batch']} | {f['method']} | {steps['step']:.2f} |" in out  # the profile table
+
+
+def test_bench_peer_hf_runs_transformers_on_the_same_checkpoints_and_prompts(kit, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "bench.json"
+    args = ["bench", *kit_args(kit), "--methods", "baseline,draft,ngram", "--prompts", "2", "--max-tokens", "10",
+            "--repeats", "1", "--batch-sizes", "1,2", "--json", str(path), "--peer", "hf"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    peers = {(f["batch"], f["method"]): f for f in json.loads(path.read_text())["figures"] if f["method"].startswith("hf-")}
+    assert set(peers) == {(1, "hf-plain"), (1, "hf-draft"), (1, "hf-ngram"), (2, "hf-plain")}
+    for (batch, method), f in peers.items():
+        assert f["identical_share"] == 1.0  # float64: transformers' greedy tokens are specdec's
+        assert f["tokens_per_s"] > 0 and f["specdec_over_peer"][0] > 0
+        assert f"| {batch} | {method} |" in out

@@ -4,11 +4,14 @@ pattern, stop conditions, streaming text, per-request k, cancellation and argume
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.engine import PHASES, Result
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError, InvalidRequest
 from specdec.core.sampling import SamplingParams
 from tiny_checkpoints import CORPUS, make_heads, make_perturbed_copy
@@ -26,8 +29,8 @@ def kit(tmp_path_factory, tiny_target):
 
 def engine(kit, method="baseline", **kw):
     kw.setdefault("dtype", "float64")
-    kw.setdefault("adaptive", False)
-    return build_engine(EngineConfig(method=method, **kit, **kw))
+    kw.setdefault("policy", "fixed")
+    return build_engine(EngineConfig.of(method=method, **kit, **kw))
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:
@@ -222,3 +225,67 @@ def test_duplicate_request_id_is_refused(kit):
     eng.submit("a", SamplingParams(max_tokens=3), lambda out: None, request_id="same")
     with pytest.raises(InvalidRequest, match="already in use"):
         eng.submit("b", SamplingParams(max_tokens=3), lambda out: None, request_id="same")
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("batch", [2, 4])
+def test_long_sequences_never_overflow_the_caches(kit, method, batch):
+    """A long-running sequence, then long prompts admitted next to it up to the context limit: the
+    proposers catch up on each row's pending tokens in one padded forward, and that padding once
+    ran past the end of the long sequence's slot (IndexError). Each output equals its run alone."""
+    max_context, k = 96, 4
+    ids = [t for p in prompts(40, seed=9) for t in engine_tokenizer(kit).encode(p)]
+    long_running = (ids[:6], SamplingParams(max_tokens=max_context - 6, ignore_eos=True))
+    newcomers = [(ids[10 * i : 10 * i + n], SamplingParams(max_tokens=max_context - n, ignore_eos=True))
+                 for i, n in enumerate([88, 70, 60][: batch - 1])]
+    eng = engine(kit, method, max_batch=batch, max_context=max_context, k=k)
+    results = [Result()]
+    eng.submit(*long_running, results[0].add)
+    for _ in range(12):  # the long-running sequence gets well past its prompt first
+        eng.step()
+    for prompt, params in newcomers:
+        results.append(Result())
+        eng.submit(prompt, params, results[-1].add)
+    while eng.has_work():
+        eng.step()
+    alone = engine(kit, max_batch=1, max_context=max_context)
+    for result, (prompt, params) in zip(results, [long_running] + newcomers):
+        assert result.error is None
+        assert result.token_ids == alone.generate([prompt], params)[0].token_ids
+
+
+def engine_tokenizer(kit):
+    from specdec.core.models.tokenizer import Tokenizer
+
+    return Tokenizer(kit["target"])
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle2"])
+def test_adaptive_calibration_fits_any_tree_in_the_cache(kit, method):
+    """The start-up cost probe covers max_batch * (max_k + 1) tokens: it must stay inside the cache
+    whatever the tree size (the shipped spec_medusa, 8 x 62 tokens into a 512-token context, failed to load)."""
+    eng = engine(kit, method, max_batch=8, max_context=64, policy="adaptive")
+    assert eng.policy.cost.token_counts[-1] == 8 * (eng.policy.max_k + 1)
+    [result] = eng.generate(["def f(x):"], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert result.error is None and len(result.token_ids) == 8
+
+
+def test_a_huge_prompt_is_refused_before_tokenizing(kit):
+    eng = engine(kit, max_context=64)
+    bound = 63 * eng.tokenizer.max_token_chars
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequest, match="text_input has 20000000 characters"):
+        eng.submit("x" * 20_000_000, SamplingParams(max_tokens=4), lambda out: None)
+    assert time.perf_counter() - t0 < 1.0  # tokenizing 20 M characters takes ~10 s
+    with pytest.raises(InvalidRequest, match="exceeds the context"):  # just inside the bound: tokenized, too long
+        eng.submit("x" * bound, SamplingParams(max_tokens=4), lambda out: None)
+
+
+def test_profile_phases_add_up_to_the_decode_step(kit):
+    eng = engine(kit, "draft", max_batch=2)
+    eng.generate(prompts(3), SamplingParams(max_tokens=16, ignore_eos=True))
+    m = eng.metrics
+    assert set(m.phase_seconds) == set(PHASES)
+    assert all(m.phase_seconds[p] > 0 for p in ("policy", "draft", "inputs", "forward", "verify", "output", "commit"))
+    uncovered = m.decode_seconds - sum(m.phase_seconds.values())
+    assert 0 <= uncovered < 0.05 * m.decode_seconds  # the laps cover the step: nothing is left out

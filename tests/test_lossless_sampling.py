@@ -14,7 +14,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.models.checkpoint import load_model
 from specdec.core.sampling import SamplingParams, probs
 from tiny_checkpoints import make_heads, make_small_vocab_model
@@ -48,7 +49,7 @@ def exact_joint(target_dir: str, params: SamplingParams) -> torch.Tensor:
 
 
 def sampled_joint(small, method: str, params: SamplingParams, **kw) -> torch.Tensor:
-    eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=64, **small, **kw))
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=64, **small, **kw))
     plist = [SamplingParams(**{**params.__dict__, "seed": i}) for i in range(N)]
     results = eng.generate([PROMPT] * N, plist)
     counts = torch.zeros(V, V, V)
@@ -76,8 +77,8 @@ CASES = [
     ("draft", SamplingParams(max_tokens=3, temperature=1.0, top_k=5, top_p=0.9, ignore_eos=True), dict(k=2)),
     ("eagle", SamplingParams(max_tokens=3, temperature=0.7, top_p=0.95, ignore_eos=True), dict(k=2)),
     ("medusa", SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, ignore_eos=True),
-     dict(medusa_tree="[[0], [1], [0, 0], [0, 1], [1, 0], [2]]")),
-    ("eagle2", SamplingParams(max_tokens=3, temperature=1.0, top_k=4, ignore_eos=True), dict(eagle_tree="3,3,8")),
+     dict(medusa_tree=((0,), (1,), (0, 0), (0, 1), (1, 0), (2,)), k=6)),
+    ("eagle2", SamplingParams(max_tokens=3, temperature=1.0, top_k=4, ignore_eos=True), dict(eagle_tree=(3, 3, 8))),
     ("ngram", SamplingParams(max_tokens=3, temperature=0.9, ignore_eos=True), dict(k=2, ngram_min=1)),
 ]
 
@@ -99,8 +100,8 @@ def test_speculative_samples_follow_the_target_distribution(small, method, param
 def test_typical_acceptance_is_opt_in_and_measurably_lossy(small):
     """The lossy option exists only when asked for, and the chi-square test can tell."""
     params = SamplingParams(max_tokens=3, temperature=1.0, ignore_eos=True)
-    tree = "[[0], [1], [0, 0], [0, 1], [1, 0], [2]]"
-    counts, metrics = sampled_joint(small, "medusa", params, medusa_tree=tree, acceptance="typical",
+    tree = ((0,), (1,), (0, 0), (0, 1), (1, 0), (2,))
+    counts, metrics = sampled_joint(small, "medusa", params, medusa_tree=tree, k=6, acceptance="typical",
                                     typical_threshold=0.3, typical_alpha=0.9)
     assert metrics.accepted_tokens > 0
     assert p_value(counts, exact_joint(small["target"], params)) < 1e-3

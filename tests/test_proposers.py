@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
+from specdec.core.errors import ConfigurationError
+from specdec.core.proposers.medusa import MC_SIM_7B_63
 from specdec.core.proposers.ngram import lookup
 from specdec.core.sampling import SamplingParams
+from specdec.core.verify import TreeShape
 from test_engine import kit, prompts  # noqa: F401
 
 
@@ -34,7 +38,7 @@ def recorded_first_drafts(eng, skip_every: int = 0):
 @pytest.mark.parametrize("skip_every", [0, 3])
 @pytest.mark.parametrize("method", ["eagle", "eagle2"])
 def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):  # noqa: F811
-    eng = build_engine(EngineConfig(method=method, dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     target, head = eng.target, eng.proposer.head
     for tokens, draft in recorded_first_drafts(eng, skip_every):
         ids = torch.tensor([tokens])
@@ -47,7 +51,7 @@ def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):
 
 
 def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
-    eng = build_engine(EngineConfig(method="medusa", dtype="float64", adaptive=False, max_batch=2, **kit))
+    eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", max_batch=2, **kit))
     target, heads = eng.target, eng.proposer.heads
     for tokens, draft in recorded_first_drafts(eng):
         with torch.no_grad():
@@ -60,7 +64,7 @@ def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
 
 @pytest.mark.parametrize("skip_every", [0, 3])
 def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every):  # noqa: F811
-    eng = build_engine(EngineConfig(method="draft", dtype="float64", adaptive=False, max_batch=2, k=3, **kit))
+    eng = build_engine(EngineConfig.of(method="draft", dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     model = eng.proposer.model
     for tokens, draft in recorded_first_drafts(eng, skip_every):
         with torch.no_grad():
@@ -73,3 +77,38 @@ def test_ngram_prefers_a_match_with_a_full_continuation():
     assert lookup([5] * 5, 3, 1, 3) == [5, 5]
     assert lookup([1, 2, 3, 9, 1, 2], 2, 1, 3) == [3, 9]
     assert lookup([1, 2, 3, 4], 2, 1, 3) == []
+
+
+@pytest.mark.parametrize("method, k", [("medusa", 4), ("medusa", 1), ("eagle2", 4), ("eagle2", 2)])
+def test_k_caps_the_tree_nodes_of_every_step(kit, method, k):  # noqa: F811
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=k, **kit))
+    assert eng.proposer.max_k == k
+    sizes = [len(d) for _, d in recorded_first_drafts(eng)]
+    assert max(sizes) == k
+
+
+def test_medusa_tree_is_pruned_to_its_best_first_prefix_with_buffers_built_once(kit):  # noqa: F811
+    eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", k=5, **kit))
+    proposer = eng.proposer
+    assert proposer.tree == MC_SIM_7B_63[:5]  # [0] [0,0] [1] [0,1] [2]
+    assert [proposer.depth_for(k) for k in range(7)] == [0, 1, 2, 2, 2, 2, 2]
+    drafts = [d for _, d in recorded_first_drafts(eng)]
+    assert all(d.shape is proposer.shapes[len(d)] for d in drafts)  # shared, not rebuilt per step
+    with pytest.raises(ConfigurationError, match="k >= 1"):
+        build_engine(EngineConfig.of(method="medusa", dtype="float64", k=0, **kit))
+
+
+def test_tree_shape_mask_sees_exactly_the_ancestors():
+    parents = [-1, 0, -1, 1, 0, 2]
+    shape = TreeShape.build(parents)
+    assert shape.depths == [1, 2, 1, 3, 2, 2] and shape.children == {-1: [0, 2], 0: [1, 4], 1: [3], 2: [5]}
+    for i in range(len(parents)):
+        ancestors, a = {i}, parents[i]
+        while a >= 0:
+            ancestors.add(a)
+            a = parents[a]
+        assert shape.mask[i + 1, 0]
+        assert {j for j in range(len(parents)) if shape.mask[i + 1, j + 1]} == ancestors
+    assert not shape.is_chain and TreeShape.build([-1, 0, 1]).is_chain
+    with pytest.raises(ValueError, match="parents must come before"):
+        TreeShape.build([-1, 2, 0])

@@ -53,7 +53,7 @@ def served(tmp_path_factory, tokenizer_dir):
     # well over the 1 s queue timeout, as the queueing test needs
     write_repository(repo, kit["target"], eagle=kit["eagle"], models=["spec_eagle"], prefix="slots1_",
                      dtype="float64", policy="fixed", max_batch=1, max_context=512, queue_timeout_s=1.0,
-                     eagle_tree="4,5,24")
+                     eagle_tree=(4, 5, 24))
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                           exit_timeout_s=3, log_file=root / "tritonserver.log")
     server.start(timeout_s=240)
@@ -445,3 +445,78 @@ def test_serve_command_prints_endpoints_and_stops_on_ctrl_c(served):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_long_stream_and_long_prompts_up_to_the_context_limit_run_together(served, engines, model):
+    """A long-running stream, then prompts that fill the 512-token context admitted next to it: the
+    proposers' catch-up once wrote past the long stream's cache slot and every request of the
+    batch failed. Each output equals its run alone."""
+    tokenizer = engines(model).tokenizer
+    text = "".join(PROMPTS) * 40
+
+    def prompt_of(n):  # a prompt of at most n tokens
+        ids = tokenizer.encode(text)[:n]
+        return tokenizer.decode(ids)
+
+    long_run = ("def main():", dict(max_tokens=400, ignore_eos=True))
+    newcomers = [(prompt_of(n), dict(max_tokens=512 - len(tokenizer.encode(prompt_of(n))), ignore_eos=True))
+                 for n in (420, 300, 200)]
+    started, results = threading.Event(), {}
+
+    def run(i, prompt, options):
+        chunks, error = [], None
+        client = grpcclient.InferenceServerClient(served.grpc_url)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result=None, error=None: responses.put((result, error)))
+        try:
+            client.async_stream_infer(model, grpc_tensors(request_inputs(prompt, stream=True, **options)),
+                                      enable_empty_final_response=True)
+            while True:
+                result, error = responses.get(timeout=300)
+                if error is not None:
+                    break
+                chunks += result.as_numpy("output_ids").tolist()
+                if len(chunks) >= 150:  # the long stream is well past its prompt
+                    started.set()
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    break
+        finally:
+            client.stop_stream()
+            client.close()
+        results[i] = (chunks, None if error is None else error.message())
+
+    threads = [threading.Thread(target=run, args=(0, *long_run))]
+    threads[0].start()
+    assert started.wait(120)
+    threads += [threading.Thread(target=run, args=(i + 1, *c)) for i, c in enumerate(newcomers)]
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(400)
+    for i, (prompt, options) in enumerate([long_run] + newcomers):
+        ids, error = results[i]
+        assert error is None, (i, error)
+        solo, error = grpc_request(served.grpc_url, model, request_inputs(prompt, stream=True, **options))
+        assert error is None and ids == joined(solo)[1], i
+
+
+def test_a_20_mb_prompt_is_refused_at_once_and_delays_no_one(served):
+    small = request_inputs("def add(a, b):", max_tokens=16, ignore_eos=True)
+    t0 = time.monotonic()
+    assert grpc_request(served.grpc_url, "spec_draft", small)[1] is None
+    alone = time.monotonic() - t0
+    results = {}
+
+    def run(name, inputs):
+        t = time.monotonic()
+        results[name] = (grpc_request(served.grpc_url, "spec_draft", inputs)[1], time.monotonic() - t)
+    huge = threading.Thread(target=run, args=("huge", request_inputs("x" * 20_000_000, max_tokens=16)))
+    huge.start()
+    time.sleep(0.05)
+    run("small", small)
+    huge.join(60)
+    error, seconds = results["huge"]
+    assert error is not None and "text_input has 20000000 characters" in error
+    assert seconds < 1.5  # 20 MB over local gRPC plus the check; tokenizing it took 16-18 s
+    assert results["small"][0] is None and results["small"][1] < alone + 1.0

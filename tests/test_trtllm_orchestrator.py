@@ -85,7 +85,7 @@ def inner_requests(server) -> dict[str, int]:
 
 
 def test_spec_draft_streams_the_baselines_greedy_tokens(served, kit):
-    engine = build_engine(EngineConfig(target=str(kit["target"]), dtype="float64"))
+    engine = build_engine(EngineConfig.of(target=str(kit["target"]), dtype="float64"))
     accepted = rejected = 0
     for i, prompt in enumerate(PROMPTS):
         options = dict(max_tokens=24 + i % 3 * 8, stream=True, exclude_input_in_output=bool(i % 2))

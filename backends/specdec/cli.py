@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from dataclasses import asdict
-from pathlib import Path
+
+from specdec.core.config import PATH_KEYS, SETTINGS, EngineConfig, add_arguments, given
 from specdec.paths import DEMO_KIT
 
 
@@ -23,36 +23,23 @@ DELEGATED = {
 }
 
 
+# engine settings the commands take as flags (method and max_batch each command sets itself)
+ENGINE_FLAGS = [k for k in SETTINGS if k not in ("method", "max_batch", "queue_timeout_s", *PATH_KEYS)]
+
+
 def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kit", default=str(DEMO_KIT), help="folder with target/ draft/ medusa/ eagle/ (default: demo kit)")
-    p.add_argument("--target", help="target checkpoint folder (overrides the kit's)")
-    p.add_argument("--draft")
-    p.add_argument("--medusa")
-    p.add_argument("--eagle")
-    p.add_argument("-k", "--k", type=int, default=4, help="draft tokens (tree nodes) per step, at most")
-    p.add_argument("--policy", choices=["fixed", "adaptive"], default="fixed")
-    p.add_argument("--medusa-tree", help="JSON list of top-k index paths (default mc_sim_7b_63)")
-    p.add_argument("--eagle-tree", default="4,5,24", help="EAGLE-2 top_k,depth,total_tokens")
-    p.add_argument("--max-context", type=int, default=1024)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on 2-core machines)")
+    add_arguments(p, list(PATH_KEYS), given_only=True)
+    add_arguments(p, ENGINE_FLAGS)
 
 
-def engine_config(a: argparse.Namespace, method: str, max_batch: int):
+def engine_config(a: argparse.Namespace, method: str, max_batch: int) -> EngineConfig:
     from specdec.tools.bench import kit_paths
-    from specdec.core.engine_config import EngineConfig
 
-    paths = kit_paths(a.kit) if a.kit else {}
-    for name in ("target", "draft", "medusa", "eagle"):
-        if getattr(a, name):
-            paths[name] = getattr(a, name)
+    paths = {**(kit_paths(a.kit) if a.kit else {}), **given(a, list(PATH_KEYS))}
     if "target" not in paths:
         sys.exit(f"specdec: no target checkpoint: {a.kit}/target does not exist and --target was not given")
-    return EngineConfig(
-        method=method, k=a.k, adaptive=a.policy == "adaptive", medusa_tree=a.medusa_tree, eagle_tree=a.eagle_tree,
-        max_batch=max_batch, max_context=a.max_context, dtype=a.dtype, device=a.device, threads=a.threads, **paths,
-    )
+    return EngineConfig.of(method=method, max_batch=max_batch, **paths, **given(a, ENGINE_FLAGS))
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -86,22 +73,31 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specdec.tools.bench import available_methods, bench, kit_paths, table, write_json
+    from specdec.tools.bench import (available_methods, bench, kit_paths, peer_table, profile_table, table,
+                                      write_json)
     from specdec.tools.prompts import heldout_prompts, load_jsonl
 
     cfg = engine_config(a, "baseline", 1)
-    methods = a.methods.split(",") if a.methods else available_methods(kit_paths(a.kit) | {
-        k: v for k, v in asdict(cfg).items() if k in ("draft", "medusa", "eagle") and v})
+    methods = a.methods.split(",") if a.methods else available_methods(
+        {k: v for k, v in vars(cfg.checkpoints).items() if v})
     if "baseline" not in methods:
         methods.insert(0, "baseline")
     prompts = load_jsonl(a.prompts_file)[: a.prompts] if a.prompts_file else heldout_prompts(a.prompts, a.band, a.seed)
     sizes = [int(b) for b in a.batch_sizes.split(",")]
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
-          f"batch sizes {sizes}, k={a.k} ({a.policy}), {a.repeats} interleaved repeats, {a.device} {a.dtype}")
-    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats)
+          f"batch sizes {sizes}, k={cfg.proposer.k} ({cfg.scheduler.policy}), {a.repeats} interleaved repeats, "
+          f"{cfg.runtime.device} {cfg.runtime.dtype}")
+    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer)
     print(table(figures))
+    if a.peer:
+        print(f"\n{a.peer} peer, interleaved with specdec (same checkpoints, prompt ids, k):")
+        print(peer_table(figures))
+    if a.profile:
+        print("\nwhere a decode step's time goes (ms per step, share of the step):")
+        print(profile_table(figures))
     if a.json:
-        setup = {k: v for k, v in vars(a).items() if k != "func"}
+        setup = {k: SETTINGS[k].to_text(v) if isinstance(v, tuple) else v  # trees in their flag form
+                 for k, v in vars(a).items() if k != "func"}
         write_json(figures, a.json, setup)
         print(f"wrote {a.json}")
     return 0
@@ -140,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the figures to this JSON file")
+    b.add_argument("--profile", action="store_true", help="also split a decode step's time by phase, per method")
+    b.add_argument("--peer", choices=["hf"], help="also run HF transformers' plain, assisted and prompt-lookup "
+                   "generation on the same checkpoints, interleaved, and print the ratios")
     b.set_defaults(func=cmd_bench)
 
     a = parser.parse_args(argv)

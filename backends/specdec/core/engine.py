@@ -17,21 +17,30 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from specdec.core.errors import InvalidRequest, QueueTimeout
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.models.tokenizer import IncrementalDetokenizer, Tokenizer
-from specdec.core.policy import CostModel, Policy
+from specdec.core.models.tokenizer import Tokenizer
+from specdec.core.output import OutputStream
+from specdec.core.policy import CostModel, Policy, StepRecord
 from specdec.core.proposers.base import Proposer
 from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
 from specdec.core.sequence import Output, RequestStats, Sequence
 from specdec.core.verify import Draft, TypicalAcceptance, greedy_walk, tree_mask, verify
 
 log = logging.getLogger("specdec.core.engine")
+
+
+# The parts of one decode step, in order. "schedule": dropping cancelled requests and admitting
+# (prefill itself is timed apart); "policy": choosing k and feeding the policy its observations;
+# "inputs": the target's token, position and mask tensors; "verify": accepting a path per row;
+# "compact": moving accepted tree nodes' KV entries; "commit": the proposer's own bookkeeping
+# after verification; "output": committing tokens, stop conditions, detokenizing, streaming.
+PHASES = ("schedule", "policy", "draft", "inputs", "forward", "verify", "compact", "commit", "output")
 
 
 @dataclass
@@ -52,13 +61,9 @@ class EngineMetrics:
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
     verify_tokens: int = 0
-
-
-@dataclass
-class StreamState:
-    detok: IncrementalDetokenizer
-    text: str = ""
-    sent: int = 0  # characters of text already streamed
+    # where a decode step's time goes (`specdec bench --profile`): seconds per phase, summed over steps
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    decode_seconds: float = 0.0  # whole decode steps: the phases plus what no phase covers
 
 
 class Engine:
@@ -66,21 +71,21 @@ class Engine:
         self,
         target: LlamaForCausalLM,
         tokenizer: Tokenizer,
-        proposer: Proposer | None = None,
-        max_batch: int = 8,
-        max_context: int = 1024,
-        adaptive: bool = True,
-        queue_timeout_s: float = 60.0,
-        depth_for: Callable[[int], int] | None = None,
+        proposer: Proposer | None,
+        max_batch: int,
+        max_context: int,
+        adaptive: bool,
+        queue_timeout_s: float,
         typical: TypicalAcceptance | None = None,
     ) -> None:
+        """The settings' defaults live in `specdec.core.config`; `build_engine` passes them all."""
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.typical = typical  # lossy Medusa-2 acceptance for sampled requests; None = exact
         self.max_batch, self.max_context = max_batch, max_context
         self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
         self.device = target.lm_head.weight.device
         max_k = proposer.max_k if proposer else 0
-        self.policy = Policy(max_k, adaptive and proposer is not None, depth_for or (lambda k: k))
+        self.policy = Policy(max_k, adaptive and proposer is not None, proposer.depth_for if proposer else (lambda k: 0))
         self.capacity = max_context + max_k + 1  # room for the draft nodes past the last position
         self.cache = target.new_cache(max_batch, self.capacity)
         if proposer is not None:
@@ -88,13 +93,14 @@ class Engine:
         self.free_slots = list(range(max_batch))
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.streams: dict[str, StreamState] = {}
+        self.streams: dict[str, OutputStream] = {}
         self.queue_timeout_s = queue_timeout_s
         self.metrics = EngineMetrics()
         self.lock = threading.Condition()
         self.ids = itertools.count()
         self.thread: threading.Thread | None = None
         self.stopping = False
+        self.lap_start = time.perf_counter()
         if self.policy.adaptive:
             self.policy.cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
 
@@ -107,6 +113,12 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequest("text_input is empty")
+            most = (self.max_context - 1) * self.tokenizer.max_token_chars
+            if len(prompt) > most:
+                raise InvalidRequest(
+                    f"text_input has {len(prompt)} characters, more than a prompt of at most {self.max_context - 1} "
+                    f"tokens (the context limit of {self.max_context} less one generated token) can have with this "
+                    f"tokenizer ({most} characters)")
             prompt_ids = self.tokenizer.encode(prompt)
         else:
             prompt_ids = list(prompt)
@@ -124,7 +136,7 @@ class Engine:
             request_id=request_id or f"req-{next(self.ids)}", prompt_ids=prompt_ids, params=params,
             on_output=on_output, generator=params.generator(), tokens=list(prompt_ids),
         )
-        self.streams[seq.request_id] = StreamState(IncrementalDetokenizer(self.tokenizer))
+        self.streams[seq.request_id] = OutputStream.open(seq, self.tokenizer, self.eos_ids)
         with self.lock:
             self.queue.append(seq)
             self.metrics.requests += 1
@@ -171,16 +183,28 @@ class Engine:
         """Admit and prefill, then one propose/verify/commit round for every running sequence."""
         admitted: list[Sequence] = []
         try:
+            t0 = time.perf_counter()
             self._drop_cancelled()
             admitted = self._admit()
+            scheduled = time.perf_counter() - t0
             if admitted:
                 self._prefill(admitted)
             if self.running:
+                t1 = self.lap_start = time.perf_counter()
                 self._decode()
+                m = self.metrics
+                m.phase_seconds["schedule"] += scheduled
+                m.decode_seconds += scheduled + time.perf_counter() - t1
         except Exception as exc:  # never leave a client hanging: fail the batch, keep serving
             for seq in list(self.running) + admitted:
                 self._finish(seq, "error", error=f"internal error: {exc!r}")
             raise
+
+    def _lap(self, phase: str) -> None:
+        """Charge the time since the previous lap to `phase` (a few hundred ns: always on)."""
+        now = time.perf_counter()
+        self.metrics.phase_seconds[phase] += now - self.lap_start
+        self.lap_start = now
 
     def _drop_cancelled(self) -> None:
         with self.lock:
@@ -235,9 +259,11 @@ class Engine:
     def _decode(self) -> None:
         seqs = list(self.running)
         ks = self.policy.choose(seqs)
+        self._lap("policy")
         t0 = time.perf_counter()
         drafts = self.proposer.propose(seqs, ks) if self.proposer and any(ks) else [Draft.empty() for _ in seqs]
         t1 = time.perf_counter()
+        self._lap("draft")
         T = 1 + max(len(d) for d in drafts)
         B = len(seqs)
         tokens = torch.zeros(B, T, dtype=torch.long)
@@ -247,33 +273,46 @@ class Engine:
             tokens[b, : len(d) + 1] = torch.tensor([s.tokens[-1]] + d.tokens)
             positions[b] = starts[b] + torch.tensor([0] + d.depths() + [0] * (T - 1 - len(d)))
         masks = None if all(d.is_chain() for d in drafts) else torch.stack([tree_mask(d, T) for d in drafts])
+        self._lap("inputs")
+        t2 = time.perf_counter()
         hidden = self.target(tokens.to(self.device), positions.to(self.device), self.cache,
                              [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device))
         logits = self.target.logits(hidden)
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
+        self._lap("forward")
         m = self.metrics
         m.steps += 1
         m.propose_seconds += t1 - t0
-        m.verify_seconds += t2 - t1
+        m.verify_seconds += t3 - t2
         m.verify_tokens += sum(len(d) + 1 for d in drafts)
-        depth_drafted = max((max(d.depths()) for d in drafts if len(d)), default=0)
-        self.policy.observe_proposal(seqs, ks, t1 - t0, depth_drafted)
-        self.policy.observe_verify_time(t2 - t1, B * T)
+        depths = [max(d.depths(), default=0) for d in drafts]
+        context = [len(s.tokens) for s in seqs]
+        accepted_n: list[int] = []
         argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
+        self._lap("verify")
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             eos_blocked = seq.params.min_tokens - len(seq.output_ids)
             if seq.params.greedy and eos_blocked <= 0:
                 verdict = greedy_walk(draft, argmax[b])
             else:
                 verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids, eos_blocked, self.typical)
+            self._lap("verify")
             offsets = [0] + [i + 1 for i in verdict.path]
             self.cache.compact(seq.slot, starts[b], offsets)
+            self._lap("compact")
             accepted = [draft.tokens[i] for i in verdict.path]
+            accepted_n.append(len(accepted))
             self._count(seq, draft, len(accepted))
-            self.policy.observe(seq, max(draft.depths(), default=0), len(accepted))
             seq.stats.steps += 1
-            if self._emit(seq, accepted + [verdict.bonus]) and self.proposer is not None:
+            running = self._emit(seq, accepted + [verdict.bonus])
+            self._lap("output")
+            if running and self.proposer is not None:
                 self.proposer.commit(seq, verdict.path, hidden[b, offsets])
+                self._lap("commit")
+        self.policy.observe(StepRecord(
+            seqs, ks, depths, accepted_n, context, propose_seconds=t1 - t0, depth=max(depths),
+            step_seconds=time.perf_counter() - t1, tokens=B * T))
+        self._lap("policy")
 
     def _count(self, seq: Sequence, draft: Draft, accepted: int) -> None:
         if not len(draft):
@@ -289,47 +328,15 @@ class Engine:
 
     # ---- output ---------------------------------------------------------------------------
     def _emit(self, seq: Sequence, new_tokens: list[int]) -> bool:
-        """Append committed tokens, apply stop conditions, stream the new text. True if still running."""
-        p = seq.params
-        reason = None
-        taken: list[int] = []
-        for t in new_tokens:
-            if t in self.eos_ids and not p.ignore_eos and len(seq.output_ids) >= p.min_tokens:
-                reason = "eos"
-                break
-            taken.append(t)
-            seq.output_ids.append(t)
-            seq.tokens.append(t)
-            if len(seq.output_ids) >= p.max_tokens:
-                reason = "length"
-                break
-        seq.stats.output_tokens = len(seq.output_ids)
-        self.metrics.output_tokens += len(taken)
-        if seq.stats.first_token is None and taken:
-            seq.stats.first_token = time.perf_counter()
+        """Commit tokens to the request's output and stream them. True if it is still running."""
         stream = self.streams[seq.request_id]
-        stream.text += stream.detok.push(taken, final=reason is not None)
-        end = len(stream.text)
-        if p.stop:
-            window = stream.text[max(0, stream.sent - max(map(len, p.stop))):]
-            hits = [window.find(s) for s in p.stop if s in window]
-            if hits:
-                end = len(stream.text) - len(window) + min(hits)
-                reason = "stop"
-            elif reason is None:  # hold back what could be the start of a stop string
-                end = max(stream.sent, end - max(map(len, p.stop)) + 1)
-        if reason is not None:
-            self._finish(seq, reason, text_end=end, token_ids=taken)
+        done = stream.commit(new_tokens)
+        self.metrics.output_tokens += len(done.tokens)
+        if done.reason is not None:
+            self._finish(seq, done.reason, text_end=done.text_end, token_ids=done.tokens)
             return False
-        self._send(seq, stream, end, taken, finished=False, reason=None)
+        stream.send(done.text_end, done.tokens)
         return True
-
-    def _send(self, seq, stream: StreamState, end: int, token_ids, finished: bool, reason, error=None) -> None:
-        text = stream.text[stream.sent : end]
-        stream.sent = max(stream.sent, end)
-        if text or token_ids or finished:  # a snapshot of the counters, consistent with this text
-            stats = replace(seq.stats, accepted_per_position=list(seq.stats.accepted_per_position))
-            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, stats, error))
 
     def _finish(self, seq: Sequence, reason: str, text_end: int | None = None, token_ids=(), error=None) -> None:
         stream = self.streams.pop(seq.request_id, None)
@@ -341,24 +348,30 @@ class Engine:
         if seq.slot >= 0:
             if self.proposer is not None:
                 self.proposer.release(seq.slot)
+            self.policy.release(seq.slot)
             self.free_slots.append(seq.slot)
             seq.slot = -1
         self.metrics.finished += 1
         self.metrics.errors += reason == "error"
-        end = len(stream.text) if text_end is None else text_end
-        self._send(seq, stream, end, token_ids, finished=True, reason=reason, error=error)
+        stream.send(text_end, token_ids, finished=True, reason=reason, error=error)
 
     # ---- helpers --------------------------------------------------------------------------
     def probe_forward(self, n: int) -> None:
-        """A verification-shaped target forward in slot 0 (start-up cost calibration; the slot is
+        """A verification-shaped target forward (start-up cost calibration; every slot is still
         free): n new tokens after a typical context, logits for all of them, as a decode step does.
         Leaving out the context or the logits made the target look 2x cheaper than it is, and the
-        policy then judged every proposer too expensive."""
+        policy then judged every proposer too expensive. The tokens are spread over rows of at
+        most max_k + 1 as a batch's verification is, so every row fits its slot: all of them in
+        one slot ran past its end (max_batch * (max_k + 1) tokens from position 256) and a 61-node
+        Medusa model could not load."""
+        width = min(n, self.policy.max_k + 1)
+        rows = -(-n // width)  # <= max_batch: calibration probes at most max_batch * (max_k + 1) tokens
+        start = min(256, self.max_context // 2)
         with torch.inference_mode():
-            start = min(256, self.max_context // 2)
-            tokens = torch.zeros(1, n, dtype=torch.long, device=self.device)
-            positions = start + torch.arange(n, device=self.device)[None]
-            self.target.logits(self.target(tokens, positions, self.cache, [0], [start])).argmax(-1).tolist()
+            tokens = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+            positions = (start + torch.arange(width, device=self.device)).expand(rows, -1)
+            hidden = self.target(tokens, positions, self.cache, list(range(rows)), [start] * rows)
+            self.target.logits(hidden).argmax(-1).tolist()
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list["Result"]:
         """Run prompts to completion in this thread (the CLI, benchmark and tests use this)."""

@@ -1,18 +1,24 @@
 """How many tokens to draft this step, per sequence: fixed, or adaptive to acceptance and batch load.
 
-Adaptive: each sequence keeps an estimate alpha of its per-token acceptance, the geometric MLE
-accepted / (accepted + rejections) over its recent rounds (counts decay 5% per round) plus a prior
-of PRIOR_TRIALS pseudo-trials at the engine-wide acceptance. (An average of per-round ratios, used
-before, let one fully rejected round after ten accepted ones switch a sequence off.) A draft of
-depth d then commits on average (1 - alpha^(d+1)) / (1 - alpha) tokens. The step's cost is the
-target's verify time for the batch's total tokens (calibrated at start-up over token counts, then
-corrected by every real step's timing: one preempted calibration timing on a busy machine once made
-2 tokens look 3x the cost of 1, and speculation never started) plus the proposer's time, fixed +
-per_level * depth, fitted online by least squares over the median time per depth of recent
-proposals. Proposals that caught up on tokens committed during a pause (model drafters feed them
-first) are not samples of that cost: counting them made every pause longer than the last. The
-policy picks the k that maximizes committed tokens per second over the batch, so at high load,
-where verify time grows with every extra token, k falls, down to 0 (speculation off). A sequence
+Adaptive: the policy keeps, per slot, an estimate alpha of its sequence's per-token acceptance,
+the geometric MLE accepted / (accepted + rejections) over its recent rounds (counts decay 5% per
+round) plus a prior of PRIOR_TRIALS pseudo-trials at the engine-wide acceptance. (An average of
+per-round ratios, used before, let one fully rejected round after ten accepted ones switch a
+sequence off.) A draft of depth d then commits on average (1 - alpha^(d+1)) / (1 - alpha) tokens.
+The engine hands the policy one StepRecord per decode step. The step's cost is the time of a step
+without its proposal for the batch's total tokens (the target forward, calibrated at start-up over
+token counts, then corrected by every real step's timing, which also brings in what a forward-only
+calibration misses: inputs, verification, compaction, output; one preempted calibration timing on
+a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started) plus the
+proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
+per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
+whenever they run (in the same batched catch-up forward), so a sequence resumes without feeding
+its pause; after a whole-batch pause the first proposal does catch up, and it is not a sample of
+the proposal cost (counting it made every pause longer than the last). For each candidate k the
+policy adds sequences best acceptance first and keeps the k and the set of drafting sequences that
+maximize committed tokens per second over the batch: at high load, where verify time grows with
+every extra token, k falls and the sequences that accept least stop drafting, down to none
+(speculation off for the batch). A sequence
 whose alpha collapses gets k = 0 on its own; its alpha then drifts back towards the engine-wide
 acceptance, so it is retried later. New sequences start at the engine-wide acceptance (acceptance
 is mostly a property of the proposer and the workload), so a well-measured proposer is not switched
@@ -37,7 +43,8 @@ PRIOR_TRIALS = 2.0  # weight of the engine-wide acceptance in each sequence's es
 DECAY = 0.95  # per round, on a sequence's counts (also in rounds without a draft: the prior regains weight)
 ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samples
 COLLAPSE_ALPHA = 0.15
-VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve
+VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
+LOAD_RATE = 0.2  # how far one measured step moves the machine's load factor
 PROBE_EVERY = 16  # every this many steps times the batch size (a probe costs more in a big batch),
 # one step drafts every sequence one candidate k deeper than the policy's pick: it measures the
 # acceptance of sequences that stopped, and the verify and proposal costs just beyond the pick,
@@ -52,15 +59,27 @@ def expected_tokens(alpha: float, depth: int) -> float:
 
 @dataclass
 class CostModel:
-    """Seconds for a target forward over n tokens (interpolated) and for a proposal of some depth."""
+    """Seconds for a step's target side over n tokens (interpolated) and for a proposal of some depth.
+
+    On a shared machine every cost rises and falls together with the other processes' load: one
+    factor, `load`, tracks that (fast, from every step), and the curve and the proposal fit are kept
+    in calibration units (slowly corrected for what the load does not explain). A busy spell
+    measured while the batch ran at one token count then no longer makes that count look dearer
+    than the others, and the choice of k (a ratio of costs) does not swing with the machine's load.
+    """
 
     token_counts: list[int] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    draft_fixed: float = 0.0
+    seconds: list[float] = field(default_factory=list)  # at load 1
+    draft_fixed: float = 0.0  # at load 1
     draft_per_level: float = 0.0
     draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))
+    load: float = 1.0  # how much slower than at calibration the machine runs now
+    last_n: int = 0  # the token count of the last measured step (0: none yet)
 
     def draft(self, depth: int) -> float:
+        return self.load * self.draft_at_calibration(depth)
+
+    def draft_at_calibration(self, depth: int) -> float:
         return self.draft_fixed + self.draft_per_level * depth if depth > 0 else 0.0
 
     def observe_draft(self, depth: int, seconds: float) -> None:
@@ -68,7 +87,7 @@ class CostModel:
         recently (medians, so that proposals preempted on a busy machine do not move it). A sample
         counts at most 3x the current prediction: one proposal that caught up on a whole prompt
         must not switch speculation off for good (while it is off no samples correct it)."""
-        predicted = self.draft(depth)
+        predicted, seconds = self.draft_at_calibration(depth), seconds / self.load
         self.draft_samples.append((depth, min(seconds, 3 * predicted) if predicted > 0 else seconds))
         by_depth: dict[int, list[float]] = {}
         for d, t in self.draft_samples:
@@ -82,23 +101,31 @@ class CostModel:
             slope = sum(w * (d - mean_d) * (t - mean_t) for d, t, w in points) / var
             self.draft_per_level = max(slope, 0.0)
             self.draft_fixed = max(mean_t - self.draft_per_level * mean_d, 0.0)
-        elif self.draft(points[0][0]) > 0:  # one depth seen so far: keep the shape, match the level
-            scale = points[0][1] / self.draft(points[0][0])
+        elif self.draft_at_calibration(points[0][0]) > 0:  # one depth seen so far: keep the shape, match the level
+            scale = points[0][1] / self.draft_at_calibration(points[0][0])
             self.draft_fixed *= scale
             self.draft_per_level *= scale
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        """Move the curve's points around n towards a measured step (one step's ratio clipped to 0.5-2x)."""
+        """Move the load towards a measured step; after a step at another count, also move the
+        curve's points around n towards what the load does not explain (ratios clipped to 0.5-2x).
+        Steps at one count cannot tell a busy machine from a wrong curve: they move the load only."""
         i = bisect_left(self.token_counts, n)
         if i < len(self.token_counts) and self.token_counts[i] == n:
             points = [i]
         else:
             points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
-        ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
-        for j in points:
-            self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
+        self.load *= 1 + LOAD_RATE * (min(max(seconds / self.verify(n), 0.5), 2.0) - 1)
+        if self.last_n and n != self.last_n:  # a contrast: only a step at another count than the last tells shape from load
+            ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
+            for j in points:
+                self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
+        self.last_n = n
 
     def verify(self, n: int) -> float:
+        return self.load * self.verify_at_calibration(n)
+
+    def verify_at_calibration(self, n: int) -> float:
         i = bisect_left(self.token_counts, n)
         if i == 0:
             return self.seconds[0]
@@ -128,73 +155,128 @@ class CostModel:
         return cls(counts, seconds, draft_fixed=0.1 * seconds[0], draft_per_level=0.1 * seconds[0])
 
 
+@dataclass
+class SlotState:
+    """The policy's knowledge of one running sequence."""
+
+    acceptance: float  # estimated per-token acceptance alpha
+    accepted_n: float = 0.0  # its evidence: accepted draft tokens and rejections, decayed per round
+    rejected_n: float = 0.0
+    proposed_at: int = 0  # len(tokens) at its last proposal: a proposer catches up on what came since
+
+
+@dataclass
+class StepRecord:
+    """What one decode step did: everything the policy learns from, handed over once per step."""
+
+    seqs: list[Sequence]
+    ks: list[int]  # draft lengths the policy chose
+    depths: list[int]  # how deep each sequence's draft reached (0: none)
+    accepted: list[int]  # accepted draft tokens per sequence
+    context: list[int]  # len(tokens) of each sequence when it was drafted for
+    propose_seconds: float = 0.0
+    depth: int = 0  # the deepest draft of the step: what the proposal's time grows with
+    step_seconds: float = 0.0  # the rest of the step: inputs, target forward, verify, compact, output
+    tokens: int = 0  # tokens the target ran (batch x padded width)
+
+
 class Policy:
     def __init__(self, max_k: int, adaptive: bool, depth_for: Callable[[int], int]) -> None:
         self.max_k, self.adaptive, self.depth_for = max_k, adaptive, depth_for
         self.cost: CostModel | None = None
         self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
         self.steps = 0
+        self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
     def cap(self, seq: Sequence) -> int:
         k = seq.params.num_draft_tokens
         return self.max_k if k is None else min(k, self.max_k)
 
+    def acceptance(self, seq: Sequence) -> float:
+        return self.slots[seq.slot].acceptance
+
     def choose(self, seqs: list[Sequence]) -> list[int]:
         caps = [self.cap(s) for s in seqs]
         if not self.adaptive or self.cost is None or self.max_k == 0:
             return caps
         self.steps += 1
-        on = [s.acceptance >= COLLAPSE_ALPHA for s in seqs]
+        alphas = [self.acceptance(s) for s in seqs]
         # a seeded sampled request draws its random numbers per draft position, so its output
         # depends on its k schedule: it keeps its cap, and reproduces whatever the load
         pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
-
-        def pick(k: int) -> list[int]:
-            return [c if p else min(k, c) if o else 0 for c, o, p in zip(caps, on, pinned)]
-
-        best_k, best_rate = 0, 0.0
-        for k in self.candidates:
-            ks = pick(k)
-            depth_cost = self.depth_for(max(ks)) if max(ks) > 0 else 0
-            seconds = self.cost.verify(sum(1 + kk for kk in ks)) + self.cost.draft(depth_cost)
-            tokens = sum(expected_tokens(s.acceptance, self.depth_for(kk)) if kk else 1.0
-                         for s, kk in zip(seqs, ks))
-            if tokens / seconds > best_rate:
-                best_k, best_rate = k, tokens / seconds
+        k, drafting = self.best(caps, alphas, pinned)
         if self.steps % (PROBE_EVERY * len(seqs)) == 0:  # every sequence, one candidate deeper
-            probe = self.candidates[min(self.candidates.index(best_k) + 1, len(self.candidates) - 1)]
+            probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
             return [c if p else min(probe, c) for c, p in zip(caps, pinned)]
-        return pick(best_k)
+        return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
+
+    def best(self, caps: list[int], alphas: list[float], pinned: list[bool]) -> tuple[int, set[int]]:
+        """The k, and the sequences that draft at it, that commit the most tokens per second.
+
+        For each candidate k the sequences are added best acceptance first (for a given k, the
+        ones that accept more repay their share of verification more), so speculation turns off
+        per sequence (those whose expected gain does not pay their extra verify tokens) and per
+        batch (k = 0, or no sequence added), wherever the fitted costs say it loses.
+        """
+        cost, depth_for = self.cost, self.depth_for
+        fixed_extra = sum(c for c, p in zip(caps, pinned) if p)  # pinned sequences draft their cap
+        fixed_tokens = sum(expected_tokens(a, depth_for(c)) if p and c else 1.0
+                           for a, c, p in zip(alphas, caps, pinned))
+        fixed_depth = max((depth_for(c) for c, p in zip(caps, pinned) if p and c), default=0)
+        order = sorted((i for i, p in enumerate(pinned) if not p and alphas[i] >= COLLAPSE_ALPHA and caps[i]),
+                       key=lambda i: -alphas[i])
+        n = len(caps)
+
+        def rate(tokens: float, extra: int, depth: int) -> float:
+            return tokens / (cost.verify(n + extra) + cost.draft(depth))
+
+        best_rate, best_k, best_m = rate(fixed_tokens, fixed_extra, fixed_depth), 0, 0
+        for k in self.candidates[1:]:
+            tokens, extra, depth = fixed_tokens, fixed_extra, fixed_depth
+            for m, i in enumerate(order, 1):
+                kk = min(k, caps[i])
+                tokens += expected_tokens(alphas[i], depth_for(kk)) - 1.0
+                extra += kk
+                depth = max(depth, depth_for(kk))
+                r = rate(tokens, extra, depth)
+                if r > best_rate:
+                    best_rate, best_k, best_m = r, k, m
+        return best_k, set(order[:best_m])
 
     def admit(self, seq: Sequence) -> None:
-        seq.accepted_n = seq.rejected_n = 0.0
-        seq.acceptance = self.alpha
+        """A new sequence starts at the engine-wide acceptance."""
+        self.slots[seq.slot] = SlotState(acceptance=self.alpha)
 
-    def observe(self, seq: Sequence, depth_drafted: int, accepted: int) -> None:
+    def release(self, slot: int) -> None:
+        self.slots.pop(slot, None)
+
+    def observe(self, step: StepRecord) -> None:
+        """Learn from one decode step: proposal and step costs, then each sequence's acceptance."""
+        drafted = [(s, n) for s, k, n in zip(step.seqs, step.ks, step.context) if k > 0 and s.slot in self.slots]
+        caught_up = max((n - self.slots[s.slot].proposed_at for s, n in drafted), default=0)
+        self.observe_draft_time(step.propose_seconds, step.depth, caught_up)
+        for s, n in drafted:
+            self.slots[s.slot].proposed_at = n
+        if self.cost is not None and step.tokens:
+            self.cost.observe_verify(step.tokens, step.step_seconds)
+        for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
+            if s.slot in self.slots:  # not finished in this step
+                self.observe_round(self.slots[s.slot], depth, accepted)
+
+    def observe_round(self, state: SlotState, depth_drafted: int, accepted: int) -> None:
         """Update a sequence's acceptance after a round that drafted to depth `depth_drafted`."""
-        seq.accepted_n *= DECAY
-        seq.rejected_n *= DECAY
+        state.accepted_n *= DECAY
+        state.rejected_n *= DECAY
         if depth_drafted > 0:
             rejections = 0 if accepted >= depth_drafted else 1
-            seq.accepted_n += accepted
-            seq.rejected_n += rejections
+            state.accepted_n += accepted
+            state.rejected_n += rejections
             self.alpha += ENGINE_SMOOTHING * (accepted / (accepted + rejections) - self.alpha)
-        trials = seq.accepted_n + seq.rejected_n + PRIOR_TRIALS
-        seq.acceptance = (seq.accepted_n + PRIOR_TRIALS * self.alpha) / trials
-
-    def observe_proposal(self, seqs: list[Sequence], ks: list[int], seconds: float, depth: int) -> None:
-        """A step's proposal over `seqs` with draft lengths `ks` took `seconds` to reach `depth`."""
-        drafted = [s for s, k in zip(seqs, ks) if k > 0]
-        self.observe_draft_time(seconds, depth, max((len(s.tokens) - s.proposed_at for s in drafted), default=0))
-        for s in drafted:
-            s.proposed_at = len(s.tokens)
+        trials = state.accepted_n + state.rejected_n + PRIOR_TRIALS
+        state.acceptance = (state.accepted_n + PRIOR_TRIALS * self.alpha) / trials
 
     def observe_draft_time(self, seconds: float, depth: int, caught_up: int = 1) -> None:
         """A proposal's time; `caught_up`: the most tokens a drafted sequence committed since its last one."""
         if self.cost is not None and depth > 0 and caught_up <= self.depth_for(self.max_k) + 1:
             self.cost.observe_draft(depth, seconds)
-
-    def observe_verify_time(self, seconds: float, tokens: int) -> None:
-        if self.cost is not None:
-            self.cost.observe_verify(tokens, seconds)

@@ -48,6 +48,8 @@ class SamplingParams:
             raise InvalidRequest(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise InvalidRequest(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         k = self.num_draft_tokens
         if k is not None and (not isinstance(k, int) or k < 0):
             raise InvalidRequest(f"num_draft_tokens must be an integer >= 0, got {k!r}")

@@ -60,10 +60,6 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     cancelled: bool = False
-    acceptance: float = 0.6  # estimated per-token acceptance, drives the adaptive policy
-    accepted_n: float = 0.0  # its evidence: accepted draft tokens and rejections, decayed per round
-    rejected_n: float = 0.0
-    proposed_at: int = 0  # len(tokens) at its last proposal: a proposer catches up on what came since
 
     @property
     def cache_len(self) -> int:

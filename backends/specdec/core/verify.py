@@ -17,6 +17,7 @@ longer follows the target's distribution exactly; greedy requests are unaffected
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -25,37 +26,72 @@ from torch import Tensor
 from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
 
 
+@dataclass(eq=False)
+class TreeShape:
+    """A draft's structure, worked out once: static trees (Medusa's, chains of each length) build it
+    at construction and every step reuses it, instead of rebuilding depths, children and the
+    attention mask in Python per sequence per step."""
+
+    parents: list[int]  # parent node index, -1 for the root; parents come before children
+    depths: list[int]  # 1 = a child of the root
+    children: dict[int, list[int]]  # node (-1: root) -> its children, in order
+    mask: Tensor  # [n + 1, n + 1] bool, row/col 0 the root, i + 1 node i: True where the row sees the column
+    is_chain: bool
+
+    @classmethod
+    def build(cls, parents: list[int]) -> "TreeShape":
+        n = len(parents)
+        depths: list[int] = []
+        children: dict[int, list[int]] = {}
+        mask = torch.eye(n + 1, dtype=torch.bool)
+        mask[:, 0] = True
+        for i, p in enumerate(parents):
+            if not -1 <= p < i:
+                raise ValueError(f"draft node {i} has parent {p}: parents must come before their children")
+            depths.append(1 if p < 0 else depths[p] + 1)
+            children.setdefault(p, []).append(i)
+            if p >= 0:
+                mask[i + 1] |= mask[p + 1]
+        return cls(list(parents), depths, children, mask, parents == list(range(-1, n - 1)))
+
+
+@functools.lru_cache(maxsize=None)
+def chain_shape(n: int) -> TreeShape:
+    return TreeShape.build(list(range(-1, n - 1)))
+
+
 @dataclass
 class Draft:
     tokens: list[int]
     parents: list[int]  # parent node index, -1 for the root; parents come before children
     q: Tensor | None = None  # [n, V] distribution each node was sampled from; None: chosen deterministically
+    shape: TreeShape | None = None  # the parents' structure; built on first use when not given
 
     @classmethod
     def chain(cls, tokens: list[int], q: Tensor | None = None) -> "Draft":
-        return cls(tokens, list(range(-1, len(tokens) - 1)), q)
+        shape = chain_shape(len(tokens))
+        return cls(tokens, shape.parents, q, shape)
 
     @classmethod
     def empty(cls) -> "Draft":
-        return cls([], [])
+        return cls.chain([])
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def tree(self) -> TreeShape:
+        if self.shape is None:
+            self.shape = TreeShape.build(self.parents)
+        return self.shape
+
     def is_chain(self) -> bool:
-        return self.parents == list(range(-1, len(self.tokens) - 1))
+        return self.tree().is_chain
 
     def depths(self) -> list[int]:
-        depth: list[int] = []
-        for p in self.parents:
-            depth.append(1 if p < 0 else depth[p] + 1)
-        return depth
+        return self.tree().depths
 
     def children(self) -> dict[int, list[int]]:
-        kids: dict[int, list[int]] = {}
-        for i, p in enumerate(self.parents):
-            kids.setdefault(p, []).append(i)
-        return kids
+        return self.tree().children
 
 
 def tree_mask(draft: Draft, size: int) -> Tensor:
@@ -64,11 +100,8 @@ def tree_mask(draft: Draft, size: int) -> Tensor:
     Rows past the draft (batch padding) see only themselves, so attention stays well defined.
     """
     mask = torch.eye(size, dtype=torch.bool)
-    mask[: len(draft) + 1, 0] = True
-    for i, p in enumerate(draft.parents):
-        if p >= 0:
-            mask[i + 1] |= mask[p + 1]
-        mask[i + 1, i + 1] = True
+    n = len(draft) + 1
+    mask[:n, :n] = draft.tree().mask
     return mask
 
 

@@ -18,10 +18,10 @@ from typing import Iterator
 
 import numpy as np
 
-NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32,
-            "TYPE_BOOL": np.bool_}
-TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
-                "TYPE_BOOL": "BOOL"}
+from specdec.serving.interface import INPUTS
+
+NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64,
+            "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
 
 
 class ClientError(RuntimeError):
@@ -61,8 +61,6 @@ class Summary:
 
 def request_inputs(prompt: str, **options) -> dict[str, np.ndarray]:
     """Input arrays (the model's dtypes, shape [1]) for the options that are not None."""
-    from specdec.serving.request import INPUTS
-
     spec = {f.name: f for f in INPUTS}
     arrays = {"text_input": np.array([prompt.encode("utf-8")], dtype=np.object_)}
     for name, value in options.items():

@@ -1,80 +1,67 @@
-"""Model config parameters (config.pbtxt, all strings) -> EngineConfig. No Triton imports, so the
-tests and the benchmark build the same engine in-process from the same config file."""
+"""Model config parameters (config.pbtxt, all strings by Triton's design) -> EngineConfig and the
+backend's own options. The text is parsed by `specdec.core.config`, the one definition of every
+setting; no Triton imports, so the tests and the benchmark build the same engine in-process from
+the same config file."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.core.engine_config import EngineConfig
+from specdec.core.config import PATH_KEYS, SETTINGS, EngineConfig, from_strings, setting, settings_of
 from specdec.core.errors import ConfigurationError
 
-PATH_KEYS = ("target", "draft", "medusa", "eagle")
-BACKEND_KEYS = {"stream_interval": 1}  # backend (not engine) settings and their defaults
+@dataclass(frozen=True)
+class BackendOptions:
+    """The Triton backend's settings (not the engine's)."""
+
+    stream_interval: int = setting(
+        1, "a streamed response goes out once at least this many new tokens are pending (the first token "
+           "and the last response always go at once); 1 = every engine step. Larger values trade "
+           "streaming smoothness for less per-response work")
 
 
-def backend_options(parameters: dict[str, str]) -> dict[str, int]:
-    """The backend's own settings. stream_interval: a streamed response goes out once at least this
-    many new tokens are pending (the first token and the last response always go at once); 1 =
-    every engine step. Larger values trade streaming smoothness for less per-response work."""
-    options = dict(BACKEND_KEYS)
-    raw = parameters.get("stream_interval", "").strip()
-    if raw and raw.lower() != "none":
-        try:
-            options["stream_interval"] = int(raw)
-        except ValueError:
-            raise ConfigurationError(f"model parameter stream_interval={raw!r} is not an integer") from None
-        if options["stream_interval"] < 1:
-            raise ConfigurationError(f"model parameter stream_interval must be >= 1, got {raw}")
-    return options
+BACKEND_SETTINGS = settings_of("backend", BackendOptions)
+PARAMETERS = {**SETTINGS, **BACKEND_SETTINGS}  # every key a config.pbtxt may carry
+
+
+def split(parameters: dict[str, str]) -> tuple[dict[str, object], BackendOptions]:
+    """config.pbtxt string parameters -> (typed engine settings by key, backend options). An
+    unknown key or a value that does not parse fails, naming the parameter."""
+    try:
+        values = from_strings(parameters, PARAMETERS)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"model parameter {exc}") from None
+    backend = {k: values.pop(k) for k in list(values) if k in BACKEND_SETTINGS}
+    if backend.get("stream_interval", 1) < 1:
+        raise ConfigurationError(f"model parameter stream_interval must be >= 1, got {backend['stream_interval']}")
+    return values, BackendOptions(**backend)
+
+
+def backend_options(parameters: dict[str, str]) -> BackendOptions:
+    return split(parameters)[1]
 
 
 def engine_config(parameters: dict[str, str], model_dir: str | Path) -> EngineConfig:
     """config.pbtxt string parameters -> EngineConfig. Relative checkpoint paths are resolved
     against the config's folder, then against the folder holding the model repository."""
-    model_dir = Path(model_dir)
-    types = {f.name: f.type for f in fields(EngineConfig)}
-    values: dict[str, object] = {}
-    for key, raw in parameters.items():
-        raw = raw.strip()
-        if key == "policy":
-            if raw not in ("adaptive", "fixed"):
-                raise ConfigurationError(f"parameter policy must be 'adaptive' or 'fixed', got {raw!r}")
-            values["adaptive"] = raw == "adaptive"
-            continue
-        if key in BACKEND_KEYS:
-            continue
-        if key not in types:
-            raise ConfigurationError(
-                f"unknown model parameter {key!r}; known: policy, {', '.join([*types, *BACKEND_KEYS])}")
-        if raw == "" or raw.lower() == "none":
-            continue
-        kind = str(types[key])
-        try:
-            if key in PATH_KEYS:
-                values[key] = resolve_path(raw, model_dir)
-            elif kind.startswith("bool"):
-                values[key] = {"true": True, "1": True, "false": False, "0": False}[raw.lower()]
-            elif kind.startswith("int"):
-                values[key] = int(raw)
-            elif kind.startswith("float"):
-                values[key] = float(raw)
-            else:
-                values[key] = raw
-        except (KeyError, ValueError):
-            raise ConfigurationError(f"model parameter {key}={raw!r} is not a valid {kind}") from None
+    values, _ = split(parameters)
     if "target" not in values:
         raise ConfigurationError("model parameter 'target' (the target checkpoint folder) is required")
-    return EngineConfig(**values)
+    for key in PATH_KEYS:
+        if key in values:
+            values[key] = resolve_path(values[key], Path(model_dir))
+    return EngineConfig.of(**values)
 
 
 def placed(config: EngineConfig, instance_kind: str, device_id: int | str) -> EngineConfig:
     """A GPU instance runs on the GPU Triton gave it (`cuda` in the config names no index)."""
     if instance_kind == "GPU":
-        if not config.device.startswith("cuda"):
-            raise ConfigurationError(f"instance kind GPU but parameter device={config.device!r}; set device to cuda")
-        return replace(config, device=f"cuda:{device_id}")
+        if not config.runtime.device.startswith("cuda"):
+            raise ConfigurationError(
+                f"instance kind GPU but parameter device={config.runtime.device!r}; set device to cuda")
+        return config.with_(device=f"cuda:{device_id}")
     return config
 
 

@@ -34,6 +34,8 @@ FAMILIES = {
     "specdec:request_queue_time_seconds": ("histogram", "Arrival to admission into a KV slot"),
     "specdec:e2e_request_latency_seconds": ("histogram", "Arrival to the last token"),
     "specdec:batch_size": ("histogram", "Running requests, sampled every flush interval while any run"),
+    "specdec:model_restarts": ("counter", "Reloads of this model by `specdec serve` after its backend stub died"),
+    "specdec:server_restarts": ("counter", "Restarts of tritonserver by `specdec serve` after it died"),
 }
 
 ENGINE_COUNTERS = {
@@ -50,7 +52,7 @@ class Metrics:
         self.pb, self.model, self.engine, self.interval_s = pb_utils, model, engine, interval_s
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
-        # the families must outlive their Metric objects (DESIGN.md section 6): keep them on self
+        # the families must outlive their Metric objects (docs/design.md, "Triton traps"): keep them on self
         self.families = {name: pb_utils.MetricFamily(name=name, description=desc, kind=kinds[kind])
                          for name, (kind, desc) in FAMILIES.items()}
         self.metrics: dict[tuple, object] = {}
@@ -75,6 +77,14 @@ class Metrics:
                 m = self.families[name].Metric(labels=all_labels)
             self.metrics[key] = m
         return m
+
+    def restarts(self, model: int, server: int) -> None:
+        """The watchdog's counts so far (`control.restarts`): they outlive the process that counts."""
+        with self.lock:
+            for name, n in (("specdec:model_restarts", model), ("specdec:server_restarts", server)):
+                metric = self.metric(name)
+                if n:
+                    metric.increment(n)
 
     # ---- called from the engine thread: cheap appends only -------------------------------
     def observe(self, name: str, value: float) -> None:

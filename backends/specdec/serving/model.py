@@ -6,14 +6,19 @@ request then gets its responses from the engine thread through its `Stream` and 
 the final flag (also on errors, queue timeouts, cancellation and shutdown).
 Cancellation: each streamed step checks `request.is_cancelled()`; a watcher thread checks the
 requests still waiting for a slot. Either calls engine.cancel, which frees the slot within a step.
+Drain (`control.py`): the same watcher reads the drain deadline `specdec serve` writes on SIGINT or
+SIGTERM; from then on new requests get DRAINING as their error, requests still running at the
+deadline end with DRAIN_EXPIRED, and an instance with nothing left says so (`drained-<pid>`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import queue
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -21,12 +26,15 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError, SpecdecError
+from specdec.serving import control
 from specdec.serving.config import backend_options, engine_config, placed
 from specdec.serving.metrics import Metrics, RequestTimer
 from specdec.serving.request import ParsedRequest, parse
 from specdec.serving.rounds import build_rounds_engine, is_rounds
 
 WATCH_INTERVAL_S = 0.05
+DRAINING = "the server is draining (shutting down) and admits no new requests; retry on another replica"
+DRAIN_EXPIRED = "the server shut down before this request finished (its drain deadline passed)"
 
 
 class Stream:
@@ -42,6 +50,7 @@ class Stream:
         self.ids: list[int] = []
         self.timer = RequestTimer(model.metrics)
         self.done = False
+        self.abort_error: str | None = None  # set by abort(): the cancelled request ends with this error
         # is_cancelled() on a request whose final response was sent crashes tritonserver (signal 11
         # in TRITONBACKEND_ResponseFactoryIsCancelled): `done` is set, and checked, under this lock
         self.guard = threading.Lock()
@@ -94,15 +103,26 @@ class Stream:
     def finish(self, out, text: str, ids: list[int]) -> None:
         with self.guard:
             self.done = True
-        self.model.forget(self)
-        if out.error:
-            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)),
+        try:  # forgotten only after the final response went out: the drain waits for `active` to empty
+            error = out.error or (self.abort_error if out.finish_reason == "cancelled" else None)
+            if error:
+                self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)),
+                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            if not self.parsed.stream:
+                text, ids = "".join(self.text) + text, self.ids + ids
+            self.sender.send(self.response(text, ids, out.stats, out.finish_reason or ""),
                              flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            return
-        if not self.parsed.stream:
-            text, ids = "".join(self.text) + text, self.ids + ids
-        self.sender.send(self.response(text, ids, out.stats, out.finish_reason or ""),
-                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        finally:
+            self.model.forget(self)
+
+    def abort(self, error: str) -> None:
+        """End the request early; its final response is `error` (unless it finished meanwhile)."""
+        with self.guard:
+            if self.done or self.abort_error is not None or self.seq is None:
+                return
+            self.abort_error = error
+        self.model.engine.cancel(self.seq)
 
     def response(self, text: str, ids: list[int], stats, reason: str):
         if self.prefix:
@@ -132,18 +152,24 @@ class TritonPythonModel:
             raise ConfigurationError(f"{self.name}: the specdec backend needs model_transaction_policy "
                                      "{ decoupled: true }")
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.stream_interval = backend_options(parameters)["stream_interval"]
         if is_rounds(parameters):  # draft-then-verify over inner tensorrt_llm-contract models (BLS)
             self.config, self.engine = build_rounds_engine(parameters, args["model_repository"], pb_utils)
+            self.stream_interval = self.config.stream_interval
         else:
             self.config = placed(engine_config(parameters, args["model_repository"]),
                                  args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
+            self.stream_interval = backend_options(parameters).stream_interval
             self.engine = build_engine(self.config)
         self.metrics = Metrics(pb_utils, self.name, self.engine)
         self.ids = itertools.count()
         self.active: dict[int, Stream] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.control = control.control_dir()
+        self.server_pid = os.getppid()  # tritonserver
+        self.draining = False
+        counts = control.restarts(self.control)
+        self.metrics.restarts(counts["models"].get(self.name, 0), counts.get("server", 0))
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_loop, name="specdec-sender", daemon=True)
         self.sender.start()
@@ -160,9 +186,14 @@ class TritonPythonModel:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 parsed = parse(inputs, request.parameters())
                 stream = Stream(self, request, sender, parsed)
-                n = next(self.ids)
-                with self.lock:
-                    self.active[n] = stream
+                with self.lock:  # the same lock as the drain's look at `active`: none slips past it
+                    admitted = not self.draining
+                    if admitted:
+                        n = next(self.ids)
+                        self.active[n] = stream
+                if not admitted:
+                    self._fail(sender, DRAINING)
+                    continue
                 stream.key = n
                 rid = f"{request.request_id() or 'req'}#{n}"
                 stream.seq = self.engine.submit(parsed.prompt, parsed.params, stream.on_output, request_id=rid)
@@ -190,8 +221,12 @@ class TritonPythonModel:
 
     def _watch(self) -> None:
         """Streaming requests are checked by the sender after each response; requests still queued
-        for a slot and non-streaming ones send nothing until the end, so poll those here."""
+        for a slot and non-streaming ones send nothing until the end, so poll those here. Also
+        follows the drain deadline, and ends this stub when tritonserver is gone (killed, say): the
+        stub's own check takes minutes, holding the model's memory."""
         while not self.stopping.wait(WATCH_INTERVAL_S):
+            if os.getppid() != self.server_pid:
+                os._exit(1)
             with self.lock:
                 waiting = [s for s in self.active.values()
                            if s.seq is not None and not s.done and (s.seq.slot < 0 or not s.parsed.stream)]
@@ -200,6 +235,31 @@ class TritonPythonModel:
                     stream.check_cancelled()
                 except Exception:
                     pass
+            if self.control is not None:
+                try:
+                    self._follow_drain()
+                except Exception:
+                    pb_utils.Logger.log_error(f"specdec: drain: {traceback.format_exc()}")
+
+    def _follow_drain(self) -> None:
+        deadline = control.drain_deadline(self.control)
+        if deadline is None:
+            self.draining = False
+            return
+        if not self.draining:
+            with self.lock:
+                self.draining = True
+            pb_utils.Logger.log_info(f"specdec: {self.name} draining: {len(self.active)} requests in flight, "
+                                     f"{max(0.0, deadline - time.time()):.1f} s to finish")
+        with self.lock:
+            left = list(self.active.values())
+        if not left:
+            if not control.drained(self.control, os.getpid()):
+                control.mark_drained(self.control, os.getpid())
+                pb_utils.Logger.log_info(f"specdec: {self.name} drained")
+        elif time.time() >= deadline:
+            for stream in left:
+                stream.abort(DRAIN_EXPIRED)
 
     def _send_loop(self) -> None:
         while True:

@@ -1,7 +1,7 @@
-"""The request interface (tensor names of Triton's TensorRT-LLM and vLLM backends) and its parsing.
+"""Parsing of one request against the interface (`interface.py`: the tensor names of Triton's
+TensorRT-LLM and vLLM backends).
 
-`INPUTS`/`OUTPUTS` are the single source for the model configs (`repository.py`) and the README
-table. `parse()` turns one request's input arrays and parameters into a prompt and SamplingParams,
+`parse()` turns one request's input arrays and parameters into a prompt and SamplingParams,
 raising InvalidRequest with a message that names the offending input. It takes plain numpy arrays,
 so it is tested without a server.
 """
@@ -16,54 +16,13 @@ import numpy as np
 
 from specdec.core.errors import InvalidRequest
 from specdec.core.sampling import SamplingParams
+from specdec.serving.interface import INPUT_NAMES, INPUTS
 
-DEFAULT_MAX_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class Field:
-    name: str
-    dtype: str  # Triton config type
-    dims: str
-    default: object
-    doc: str
-    optional: bool = True
-
-
-INPUTS = [
-    Field("text_input", "TYPE_STRING", "[ 1 ]", None, "the prompt (UTF-8)", optional=False),
-    Field("max_tokens", "TYPE_INT32", "[ 1 ]", DEFAULT_MAX_TOKENS, "tokens to generate, 1 .. max_context - 1"),
-    Field("stream", "TYPE_BOOL", "[ 1 ]", False, "true: one response per engine step (text delta); false: one response"),
-    Field("temperature", "TYPE_FP32", "[ 1 ]", 0.0, "0 = greedy; > 0 samples"),
-    Field("top_p", "TYPE_FP32", "[ 1 ]", 1.0, "nucleus cut, in (0, 1]"),
-    Field("top_k", "TYPE_INT32", "[ 1 ]", 0, "0 = no top-k cut"),
-    Field("seed", "TYPE_UINT64", "[ 1 ]", None, "sampling seed (reproducible output); none = random"),
-    Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name)"),
-    Field("stop_words", "TYPE_STRING", "[ -1 ]", [], "strings that end the output (not included)"),
-    Field("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", False, "false: the prompt is prepended to the text"),
-    Field("num_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "cap on speculated tokens per step (0 = off); none = model's k"),
-    Field("min_tokens", "TYPE_INT32", "[ 1 ]", 0, "EOS is suppressed before this many tokens"),
-    Field("min_length", "TYPE_INT32", "[ 1 ]", 0, "alias of min_tokens (genai-perf sends it)"),
-    Field("ignore_eos", "TYPE_BOOL", "[ 1 ]", False, "keep generating past EOS (fixed-length benchmarks)"),
-    Field("sampling_parameters", "TYPE_STRING", "[ 1 ]", None,
-          "JSON object as Triton's vLLM backend takes it: max_tokens, temperature, top_p, top_k, seed, "
-          "stop, min_tokens, ignore_eos (the tensors above win)"),
-]
+DEFAULTS = {f.name: f.default for f in INPUTS}
 
 # keys of the vLLM backend's `sampling_parameters` JSON that map onto our inputs
 SAMPLING_JSON = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                  "seed": "seed", "stop": "stop_words", "min_tokens": "min_tokens", "ignore_eos": "ignore_eos"}
-
-OUTPUTS = [
-    Field("text_output", "TYPE_STRING", "[ -1 ]", None, "streamed: the new text of this step; else the whole text"),
-    Field("output_ids", "TYPE_INT32", "[ -1 ]", None, "the token ids in this response"),
-    Field("total_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "draft tokens proposed for this request so far"),
-    Field("total_accepted_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "of those, accepted by the target"),
-    Field("acceptance_rate", "TYPE_FP32", "[ 1 ]", None, "accepted / draft tokens (0 when nothing was drafted)"),
-    Field("finish_reason", "TYPE_STRING", "[ 1 ]", None, "empty until the last response: length, eos, stop, cancelled"),
-]
-
-INPUT_NAMES = {f.name for f in INPUTS}
 
 
 @dataclass
@@ -110,21 +69,36 @@ def parse(inputs: dict[str, np.ndarray], parameters: dict | str | None = None) -
         min_tokens = _scalar(values, "min_length", int)
     stop = [_decode(s, "stop_words") for s in np.asarray(values.get("stop_words", [])).reshape(-1)]
     params = SamplingParams(
-        max_tokens=_get(values, "max_tokens", int, DEFAULT_MAX_TOKENS),
-        temperature=_get(values, "temperature", float, 0.0),
-        top_p=_get(values, "top_p", float, 1.0),
-        top_k=_get(values, "top_k", int, 0),
+        max_tokens=_get(values, "max_tokens", int),
+        temperature=_get(values, "temperature", float),
+        top_p=_get(values, "top_p", float),
+        top_k=_get(values, "top_k", int),
         seed=seed,
         stop=[s for s in stop if s],
         min_tokens=min_tokens or 0,
-        ignore_eos=_get(values, "ignore_eos", bool, False),
+        ignore_eos=_get(values, "ignore_eos", bool),
         num_draft_tokens=_scalar(values, "num_draft_tokens", int),
     )
     if math.isnan(params.temperature):
         raise InvalidRequest("temperature must be a finite number >= 0, got nan")
+    _check_wrapped(values)
     params.validate()
-    return ParsedRequest(prompt, params, _get(values, "stream", bool, False),
-                         _get(values, "exclude_input_in_output", bool, False))
+    return ParsedRequest(prompt, params, _get(values, "stream", bool),
+                         _get(values, "exclude_input_in_output", bool))
+
+
+INT32_INPUTS = [f.name for f in INPUTS if f.dtype == "TYPE_INT32"]
+
+
+def _check_wrapped(values: dict) -> None:
+    """Triton's HTTP endpoint wraps JSON numbers outside a 32-bit input's range (2^31 arrives as
+    -2^31) instead of refusing them, so a negative value may be one the client never sent: say so."""
+    for name in INT32_INPUTS:
+        v = _scalar(values, name, int)
+        if v is not None and v < 0:
+            must = "a positive integer" if name == "max_tokens" else "an integer >= 0"
+            raise InvalidRequest(f"{name} must be {must}, got {v} (over HTTP, {name} is a 32-bit integer: "
+                                 f"numbers above {2**31 - 1} arrive wrapped around, e.g. {v + 2**32} as {v})")
 
 
 def _scalar(values: dict, name: str, kind: type):
@@ -145,9 +119,10 @@ def _scalar(values: dict, name: str, kind: type):
     return float(v)
 
 
-def _get(values: dict, name: str, kind: type, default):
+def _get(values: dict, name: str, kind: type):
+    """The input's value, or its default from the interface table."""
     v = _scalar(values, name, kind)
-    return default if v is None else v
+    return DEFAULTS[name] if v is None else v
 
 
 def _text(array: np.ndarray, name: str) -> str:

@@ -34,6 +34,7 @@ import torch
 from specdec.core.engine import Engine, EngineMetrics
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.tokenizer import Tokenizer
+from specdec.core.policy import Policy
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -93,15 +94,17 @@ class RoundsConfig:
     queue_timeout_s: float = 60.0
     adaptive: bool = True
     inner_exclude_input: bool = True  # exclude_input_in_output of the inner calls
+    stream_interval: int = 1  # the backend's option (serving.config.BackendOptions), parsed there
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str], model_dir: str | Path) -> "RoundsConfig":
-        from specdec.serving.config import BACKEND_KEYS, resolve_path
+        from specdec.serving.config import BACKEND_SETTINGS, backend_options, resolve_path
 
-        values: dict[str, object] = {}
+        backend = {k: v for k, v in parameters.items() if k in BACKEND_SETTINGS}
+        values: dict[str, object] = {"stream_interval": backend_options(backend).stream_interval}
         for key, raw in parameters.items():
             raw = raw.strip()
-            if key in BACKEND_KEYS:
+            if key in BACKEND_SETTINGS:
                 continue
             try:
                 if key == "policy":
@@ -124,7 +127,7 @@ class RoundsConfig:
                     raise ConfigurationError(
                         f"unknown model parameter {key!r} for a rounds (BLS) model; known: tokenizer, target_model, "
                         "draft_model, max_draft_len, max_batch, max_context, queue_timeout_s, policy, "
-                        f"inner_exclude_input_in_output, {', '.join(BACKEND_KEYS)}")
+                        f"inner_exclude_input_in_output, {', '.join(BACKEND_SETTINGS)}")
             except (ValueError, KeyError):
                 raise ConfigurationError(f"model parameter {key}={raw!r} is not valid") from None
         if "tokenizer" not in values:
@@ -150,6 +153,7 @@ class RoundsEngine(Engine):
         self.cfg, self.inner = cfg, inner
         self.tokenizer = tokenizer or Tokenizer(cfg.tokenizer)
         self.proposer, self.typical = None, None
+        self.policy = Policy(0, False, lambda k: 0)  # Engine._finish releases slots through it; k is chosen per round here
         self.max_batch, self.max_context = cfg.max_batch, cfg.max_context
         self.eos_ids = list(self.tokenizer.eos_ids)
         self.free_slots = list(range(cfg.max_batch))

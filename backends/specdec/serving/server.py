@@ -3,28 +3,35 @@
 `assemble_backends()` builds a backend directory: `python/` (pytriton's libtriton_python.so, its
 utils and the stub for this Python version) and `specdec/model.py` (an entry point importing
 `specdec.serving.model`), so model configs say `backend: "specdec"`. `TritonServer` runs the binary
-with the environment it needs (DESIGN.md section 6): the venv's bin first on PATH, the wheel's
+with the environment it needs (docs/design.md, "Triton traps"): the venv's bin first on PATH, the wheel's
 `nvidia_pytriton.libs` on LD_LIBRARY_PATH, a unique shared-memory prefix, and waits until every
-model is ready. `main()` is `specdec serve`.
+model is ready; it dies with the process that started it (PR_SET_PDEATHSIG). `main()` is
+`specdec serve`: tritonserver under `supervisor.Supervisor` (stub and server restarts, drain on
+SIGINT, SIGTERM and SIGHUP), and it ends too when its stdout goes away (`specdec serve | head -1`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import os
+import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from specdec.paths import CACHE, MODEL_REPOSITORY, PACKAGE_ROOT
+from specdec.serving.control import CONTROL_DIR_ENV
 
 ENTRY_POINT = "from specdec.serving.model import TritonPythonModel  # noqa: F401\n"
 
@@ -102,6 +109,21 @@ def server_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when the thread that started it dies, even by kill -9,
+    so tritonserver is never left serving with parent pid 1 (its stubs then follow their parent)."""
+    libc = ctypes.CDLL(None, use_errno=True)  # resolved before the fork
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl
+            os._exit(1)
+    return preexec
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,6 +137,7 @@ class TritonServer:
         self, model_repository: str | Path, models: list[str] | None = None, http_port: int = 8000,
         grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 3, log_file: str | Path | None = None,
         verbose: bool = False, backend_dir: str | Path | None = None, extra_args: list[str] | None = None,
+        control_dir: str | Path | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -126,6 +149,7 @@ class TritonServer:
         self.exit_timeout_s, self.verbose, self.extra_args = exit_timeout_s, verbose, extra_args or []
         self.backend_dir = Path(backend_dir) if backend_dir else None
         self.log_path = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        self.control_dir = Path(control_dir) if control_dir else None  # control.py: drain and restart counts
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -160,10 +184,14 @@ class TritonServer:
 
     def start(self, timeout_s: float = 300.0) -> "TritonServer":
         log = open(self.log_path, "ab")
-        # its own process group (stop() kills the stubs with it), but the caller's session: with
-        # scheduler autogroups a new session would get its own CPU share, unlike the caller
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=server_env(),
-                                     process_group=0)
+        env = server_env()
+        if self.control_dir is not None:
+            env[CONTROL_DIR_ENV] = str(self.control_dir)
+        # its own process group (stop() kills the stubs with it; a Ctrl-C in the terminal reaches
+        # only `specdec serve`, which drains first), but the caller's session: with scheduler
+        # autogroups a new session would get its own CPU share, unlike the caller
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     process_group=0, preexec_fn=die_with_parent(os.getpid()))
         log.close()
         try:
             self.wait_ready(timeout_s)
@@ -225,6 +253,8 @@ def _ok(url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec.serving.supervisor import DRAIN_TIMEOUT_S, Supervisor
+
     ap = argparse.ArgumentParser(prog="specdec serve", description="Serve a model repository on tritonserver.")
     ap.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
     ap.add_argument("--models", nargs="*", help="load only these models (default: every model in the repository)")
@@ -232,48 +262,94 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--exit-timeout-secs", type=int, default=5)
+    ap.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
+                    help="seconds running requests get to finish after SIGINT/SIGTERM/SIGHUP; the rest end with an error")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every model to be ready")
     ap.add_argument("--log-file", help="tritonserver log (default: a temp file, its tail is shown on failure)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        server = TritonServer(args.model_repository, args.models, args.http_port, args.grpc_port, args.metrics_port,
-                              args.exit_timeout_secs, args.log_file, args.verbose)
-        check_checkpoints(server.model_repository, server.models)
-        for port in (args.http_port, args.grpc_port, args.metrics_port):
-            if not _port_free(port):
-                raise ServerError(f"port {port} is in use (pick others with --http-port/--grpc-port/--metrics-port)")
-        print(f"starting tritonserver with {', '.join(server.models)} (log: {server.log_path}) ...", flush=True)
-        t0 = time.monotonic()
-        server.start(args.timeout)
-    except ServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    stop = {"now": False}
+    console = Console()
+    signals: list[int] = []
+    starting = [True]
 
-    def on_signal(signum, frame):  # noqa: ARG001
-        stop["now"] = True
+    def on_signal(signum, frame) -> None:  # noqa: ARG001
+        signals.append(signum)
+        if starting[0]:  # still loading models: give up at once (start() stops what it started)
+            raise ServerError(f"stopped by {signal.Signals(signum).name} while starting")
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal: SIGHUP
+        signal.signal(signum, on_signal)
+    with tempfile.TemporaryDirectory(prefix="specdec-control-") as control_dir:
+        try:
+            server = TritonServer(args.model_repository, args.models, args.http_port, args.grpc_port,
+                                  args.metrics_port, args.exit_timeout_secs, args.log_file, args.verbose,
+                                  control_dir=control_dir)
+            check_checkpoints(server.model_repository, server.models)
+            for port in (args.http_port, args.grpc_port, args.metrics_port):
+                if not _port_free(port):
+                    raise ServerError(f"port {port} is in use (pick others with --http-port/--grpc-port/--metrics-port)")
+        except ServerError as exc:
+            console.error(f"error: {exc}")
+            return 1
+        supervisor = Supervisor(server, Path(control_dir), console.say, args.drain_timeout, args.timeout)
+        try:
+            console.say(f"starting tritonserver with {', '.join(server.models)} (log: {server.log_path}) ...")
+            t0 = time.monotonic()
+            server.start(args.timeout)
+            starting[0] = False
+            console.say(
+                f"ready in {time.monotonic() - t0:.0f} s\n"
+                f"  gRPC     {server.grpc_url}\n"
+                f"  HTTP     http://{server.http_url}   (POST /v2/models/<model>/generate, /generate_stream)\n"
+                f"  metrics  {server.metrics_url}\n"
+                f"  models   {', '.join(server.models)}\n"
+                f"try: specdec client --model {server.models[0]} --url {server.grpc_url} \"def fib(n):\"\n"
+                "Ctrl-C drains and stops the server.")
+            supervisor.watch(lambda: bool(signals) or console.gone())
+        except ServerError as exc:
+            starting[0] = False
+            console.error(f"error: {exc}")
+            return 1
+        finally:
+            code = supervisor.drain_and_stop(hurry=lambda: len(signals) > 1)
+    console.say(f"tritonserver stopped (exit code {code})")
+    return 0 if code == 0 else 1
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    print(f"ready in {time.monotonic() - t0:.0f} s\n"
-          f"  gRPC     {server.grpc_url}\n"
-          f"  HTTP     http://{server.http_url}   (POST /v2/models/<model>/generate, /generate_stream)\n"
-          f"  metrics  {server.metrics_url}\n"
-          f"  models   {', '.join(server.models)}\n"
-          f"try: specdec client --model {server.models[0]} --url {server.grpc_url} \"def fib(n):\"\n"
-          "Ctrl-C stops the server.", flush=True)
-    try:
-        while not stop["now"] and server.proc.poll() is None:
-            time.sleep(0.2)
-    finally:
-        crashed = server.proc.poll() is not None
-        print("stopping tritonserver ...", flush=True)
-        server.stop()
-    if crashed and not stop["now"]:
-        print(f"error: tritonserver exited with code {server.proc.returncode}\n{server.log_tail()}", file=sys.stderr)
-        return 1
-    return 0
+
+class Console:
+    """stdout that never raises: a reader that went away (`specdec serve | head -1`) sets `broken`,
+    which stops the server like a signal, instead of a BrokenPipeError outside any cleanup."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def gone(self) -> bool:
+        """True once stdout's reader has gone, also while nothing is printed (a pipe reports POLLERR)."""
+        if not self.broken and stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            poller = select.poll()
+            poller.register(sys.stdout.fileno(), select.POLLERR)
+            if poller.poll(0):
+                self._lost(sys.stdout)
+        return self.broken
+
+    def say(self, text: str) -> None:
+        self._write(sys.stdout, text)
+
+    def error(self, text: str) -> None:
+        self._write(sys.stderr, text)
+
+    def _write(self, stream, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            print(text, file=stream, flush=True)
+        except (BrokenPipeError, OSError):
+            self._lost(stream)
+
+    def _lost(self, stream) -> None:
+        self.broken = True
+        devnull = os.open(os.devnull, os.O_WRONLY)  # Python's own flush at exit would raise again
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 def check_checkpoints(repo: Path, models: list[str]) -> None:
@@ -290,7 +366,7 @@ def check_checkpoints(repo: Path, models: list[str]) -> None:
         except ConfigurationError as exc:
             raise ServerError(f"{repo / model / 'config.pbtxt'}: {exc}") from None
         for key in ("target", "draft", "medusa", "eagle"):
-            folder = getattr(cfg, key)
+            folder = getattr(cfg.checkpoints, key)
             if folder and not Path(folder).is_dir():
                 raise ServerError(
                     f"model {model}: {key} checkpoint folder {folder} does not exist. Build the demo kit first "
@@ -298,7 +374,10 @@ def check_checkpoints(repo: Path, models: list[str]) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Free for a server: SO_REUSEADDR as tritonserver binds, so connections of a server that just
+    stopped (TIME_WAIT, up to 60 s) do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
             return True

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import triton_python_backend_utils as pb_utils
 
-from specdec.core.engine_config import DTYPES
+from specdec.core.config import DTYPES
 from specdec.core.errors import ConfigurationError, SpecdecError
 from specdec.core.models.checkpoint import load_model
 from specdec.serving.config import resolve_path
@@ -63,7 +63,7 @@ class TritonPythonModel:
         s = settings(parameters, Path(args["model_repository"]))
         if str(s["device"]).startswith("cpu"):
             torch.set_num_threads(s["threads"])
-        model = load_model(s["checkpoint"], DTYPES[s["dtype"]], s["device"])
+        model = load_model(s["checkpoint"], getattr(torch, s["dtype"]), s["device"])
         self.core = ContractModel(model, s["max_batch"], s["cache_slots"], s["max_context"], s["max_draft_len"],
                                   s["tokens_per_block"])
         self.families = {name: pb_utils.MetricFamily(name=name, description=desc, kind=pb_utils.MetricFamily.COUNTER)

@@ -104,7 +104,7 @@ def write_contract_repository(out: str | Path, target: str | Path, draft: str | 
                   "queue_timeout_s": s["queue_timeout_s"], "policy": s["policy"], "stream_interval": s["stream_interval"]}
         if "inner_exclude_input_in_output" in settings:
             params["inner_exclude_input_in_output"] = str(settings["inner_exclude_input_in_output"]).lower()
-        (model_dir / "config.pbtxt").write_text(config_pbtxt(name, params))
+        (model_dir / "config.pbtxt").write_text(config_pbtxt(name, params, "specdec build-repo --runtime trtllm-contract"))
         written.append(name)
     return written
 

@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from specdec.core.engine import Engine, EngineMetrics
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.engine import PHASES, Engine, EngineMetrics
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.tools.kit.evaluate import distinct_n
+from specdec.tools.peer_hf import PAIRS, HFPeer
 from specdec.core.policy import CostModel
 from specdec.core.sampling import SamplingParams
 
@@ -32,6 +34,7 @@ class MethodFigures:
     batch: int
     tokens_per_s: float
     speedup: float
+    speedup_range: tuple[float, float]  # lowest and highest per-repeat ratio: the machine's noise
     mean_accepted_length: float
     acceptance_rate: float
     accepted_per_position: list[float]
@@ -40,6 +43,10 @@ class MethodFigures:
     analytic_bound: float
     distinct_4: float  # mean distinct-4 of this method's outputs: low values mean loops, which inflate acceptance
     divergence_margins: list[float] = field(default_factory=list)
+    # one decode step's time by phase (ms, median over repeats; "other": what no phase covers)
+    step_ms: dict[str, float] = field(default_factory=dict)
+    # peers (--peer hf) only: specdec's same method's tok/s over the peer's, median and range over repeats
+    specdec_over_peer: tuple[float, float, float] | None = None
 
 
 def kit_paths(kit: str | Path) -> dict[str, str]:
@@ -73,23 +80,49 @@ def divergence_margin(engine: Engine, prompt: str, ref: list[int], got: list[int
 
 
 def verify_cost_curve(engine: Engine, max_tokens: int = 64) -> dict[int, float]:
-    """Target forward time over n tokens relative to one token: the price of verifying drafts.
+    """Target forward time over n tokens of one sequence relative to one token: the price of
+    verifying a draft (the engine's own probe spreads tokens over its slots; this is one row).
 
     Speculation pays when this stays near 1 (memory-bound decoding, as on GPUs); where it grows
     almost linearly (small models whose weights sit in CPU cache) every rejected token costs.
     """
-    cost = CostModel.measure(engine.probe_forward, max_tokens)
+    start = min(256, engine.max_context - max_tokens)
+
+    def one_row(n: int) -> None:  # n tokens of one sequence (slot 0, free before the runs), with logits
+        with torch.inference_mode():
+            tokens = torch.zeros(1, n, dtype=torch.long, device=engine.device)
+            positions = start + torch.arange(n, device=engine.device)[None]
+            engine.target.logits(engine.target(tokens, positions, engine.cache, [0], [start])).argmax(-1).tolist()
+
+    cost = CostModel.measure(one_row, max_tokens)
     return {n: s / cost.seconds[0] for n, s in zip(cost.token_counts, cost.seconds)}
+
+
+def step_profile(runs: list[EngineMetrics]) -> dict[str, float]:
+    """Milliseconds per decode step: each phase, what no phase covers ("other") and the whole
+    ("step"), and the tokens a step commits ("tokens"), each the median over the repeats (the
+    machine is shared: one preempted run moves a mean, not a median)."""
+
+    def per_step(m: EngineMetrics) -> dict[str, float]:
+        steps = max(m.steps, 1)
+        out = {p: 1000 * m.phase_seconds[p] / steps for p in PHASES}
+        out["other"] = 1000 * m.decode_seconds / steps - sum(out.values())
+        out["step"] = 1000 * m.decode_seconds / steps
+        out["tokens"] = m.output_tokens / steps  # committed per decode step, whole batch (+ prefill's firsts)
+        return out
+
+    rows = [per_step(m) for m in runs]
+    return {name: statistics.median(r[name] for r in rows) for name in rows[0]}
 
 
 def bench(
     base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
-    repeats: int, log=print,
+    repeats: int, log=print, peer: str | None = None,
 ) -> list[MethodFigures]:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     figures: list[MethodFigures] = []
     for batch in batch_sizes:
-        engines = {m: build_engine(replace(base, method=m, max_batch=batch)) for m in methods}
+        engines = {m: build_engine(base.with_(method=m, max_batch=batch)) for m in methods}
         if batch == batch_sizes[0]:
             curve = verify_cost_curve(engines["baseline"])
             log("target forward time vs tokens (relative to 1): "
@@ -100,12 +133,25 @@ def bench(
         outputs: dict[str, list[list[int]]] = {}
         stats: dict[str, list] = {}
         metrics: dict[str, EngineMetrics] = {}
+        runs: dict[str, list[EngineMetrics]] = {m: [] for m in methods}
+        hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" else None
+        peers = hf.methods(batch) if hf else []
+        peer_seconds: dict[str, list[float]] = {p: [] for p in peers}
+        peer_outputs: dict[str, list[list[int]]] = {}
+        prompt_ids = [engines["baseline"].tokenizer.encode(p) for p in prompts]
+        for p in peers:  # warm-up
+            hf.run(p, prompt_ids[:batch], batch, 8)
         for r in range(repeats):
             for m, eng in engines.items():
                 s, outputs[m], stats[m] = run_once(eng, prompts, params)
                 seconds[m].append(s)
                 metrics[m] = eng.metrics
+                runs[m].append(eng.metrics)
                 log(f"  batch {batch} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
+            for p in peers:
+                s, peer_outputs[p] = hf.run(p, prompt_ids, batch, max_tokens)
+                peer_seconds[p].append(s)
+                log(f"  batch {batch} repeat {r + 1}/{repeats} {p:9s} {sum(map(len, peer_outputs[p])) / s:8.1f} tok/s")
         base_m = metrics["baseline"]
         t_target = base_m.verify_seconds / max(base_m.steps, 1)
         for m in methods:
@@ -120,34 +166,85 @@ def bench(
                        for p, ref, got, same in zip(prompts, outputs["baseline"], outputs[m], identical) if not same]
             figures.append(MethodFigures(
                 method=m, batch=batch, tokens_per_s=tokens / statistics.median(seconds[m]),
-                speedup=statistics.median(ratios), mean_accepted_length=tau,
+                speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)),
+                mean_accepted_length=tau,
                 acceptance_rate=mt.accepted_tokens / mt.draft_tokens if mt.draft_tokens else 0.0,
                 accepted_per_position=[a / mt.drafts for a in mt.accepted_per_position] if mt.drafts else [],
                 mean_draft_tokens=mt.draft_tokens / mt.drafts if mt.drafts else 0.0,
                 identical_share=sum(identical) / len(identical),
                 analytic_bound=tau * t_target / step_cost if step_cost else 0.0,
                 distinct_4=statistics.mean(distinct_n(o, 4) for o in outputs[m]),
-                divergence_margins=sorted(margins),
+                divergence_margins=sorted(margins), step_ms=step_profile(runs[m]),
+            ))
+        for p in peers:
+            pair = PAIRS[p]
+            ratios = [seconds["baseline"][r] / peer_seconds[p][r] for r in range(repeats)]
+            versus = ([peer_seconds[p][r] / seconds[pair][r] for r in range(repeats)] if pair in seconds else [])
+            identical = [a == b for a, b in zip(peer_outputs[p], outputs["baseline"])]
+            figures.append(MethodFigures(
+                method=p, batch=batch, tokens_per_s=sum(map(len, peer_outputs[p])) / statistics.median(peer_seconds[p]),
+                speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)), mean_accepted_length=0.0,
+                acceptance_rate=0.0, accepted_per_position=[], mean_draft_tokens=0.0,
+                identical_share=sum(identical) / len(identical), analytic_bound=0.0,
+                distinct_4=statistics.mean(distinct_n(o, 4) for o in peer_outputs[p]),
+                specdec_over_peer=(statistics.median(versus), min(versus), max(versus)) if versus else None,
             ))
         del engines
     return figures
 
 
+def kit_of(cfg: EngineConfig) -> dict[str, str]:
+    return {name: getattr(cfg.checkpoints, name) for name in ("target", "draft") if getattr(cfg.checkpoints, name)}
+
+
 def table(figures: list[MethodFigures]) -> str:
-    head = ("| batch | method | tok/s | speedup | bound | speedup/bound | mean acc. len | acc. rate | "
+    head = ("| batch | method | tok/s | speedup | range | bound | speedup/bound | mean acc. len | acc. rate | "
             "draft tok/round | acc. per position | distinct-4 | greedy identical |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for f in figures:
+        if f.method in PAIRS:
+            continue
         pos = " ".join(f"{a:.2f}" for a in f.accepted_per_position[:6])
         eff = f"{f.speedup / f.analytic_bound:.0%}" if f.analytic_bound else "-"
         ident = f"{f.identical_share:.0%}"
         if f.divergence_margins:
             ident += f" (margins {', '.join(f'{m:.3f}' for m in f.divergence_margins[:3])})"
         lines.append(
-            f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | {f.analytic_bound:.2f}x | {eff} | "
+            f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
+            f"{f.speedup_range[0]:.2f}-{f.speedup_range[1]:.2f} | {f.analytic_bound:.2f}x | {eff} | "
             f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
             f"{f.distinct_4:.2f} | {ident} |"
         )
+    return "\n".join(lines)
+
+
+def peer_table(figures: list[MethodFigures]) -> str:
+    """Peers (--peer hf) next to specdec: tok/s, ratio to specdec's baseline, and specdec's same
+    method over the peer (> 1: specdec is faster), medians and ranges over the interleaved repeats."""
+    head = ("| batch | peer | tok/s | x specdec baseline | range | specdec same method / peer | range | "
+            "greedy identical to specdec |")
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for f in figures:
+        if f.method not in PAIRS:
+            continue
+        versus = f"{f.specdec_over_peer[0]:.2f}x ({PAIRS[f.method]}) | {f.specdec_over_peer[1]:.2f}-{f.specdec_over_peer[2]:.2f}" \
+            if f.specdec_over_peer else "- | -"
+        lines.append(f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
+                     f"{f.speedup_range[0]:.2f}-{f.speedup_range[1]:.2f} | {versus} | {f.identical_share:.0%} |")
+    return "\n".join(lines)
+
+
+def profile_table(figures: list[MethodFigures]) -> str:
+    """Where one decode step's time goes, per method and batch size (ms per step, median of repeats)."""
+    names = list(PHASES) + ["other"]
+    head = "| batch | method | step ms | tokens/step | " + " | ".join(names) + " |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for f in figures:
+        if f.method in PAIRS:
+            continue
+        ms = f.step_ms
+        cells = " | ".join(f"{ms[n]:.2f} ({ms[n] / ms['step']:.0%})" for n in names)
+        lines.append(f"| {f.batch} | {f.method} | {ms['step']:.2f} | {ms['tokens']:.2f} | {cells} |")
     return "\n".join(lines)
 
 

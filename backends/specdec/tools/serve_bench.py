@@ -26,13 +26,15 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from specdec.paths import MODEL_REPOSITORY
 
 from specdec.serving.client import request_inputs, stream
 from specdec.core.engine_config import build_engine
 from specdec.core.sampling import SamplingParams
-from specdec.serving.config import backend_options, engine_config_for, read_parameters
+from specdec.core.config import add_arguments
+from specdec.serving.config import PARAMETERS, backend_options, engine_config_for, read_parameters
 from specdec.serving.repository import MODELS, write_repository
 from specdec.serving.server import TritonServer, free_port
 
@@ -175,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft")
     ap.add_argument("--medusa")
     ap.add_argument("--eagle")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--stream-interval", type=int, default=1, help="with --target: the model's stream_interval")
+    add_arguments(ap.add_argument_group("with --target: the model's settings"), ["dtype", "stream_interval"], PARAMETERS)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no model {args.model!r} in {repo} (models: {', '.join(MODELS)})", file=sys.stderr)
             return 2
         options = backend_options(read_parameters(repo / args.model / "config.pbtxt"))
-        result = {"model": args.model, "protocol": args.protocol, "max_tokens": args.max_tokens, **options,
+        result = {"model": args.model, "protocol": args.protocol, "max_tokens": args.max_tokens, **asdict(options),
                   **compare(repo, args.model, prompts, args.max_tokens, args.repeats, args.protocol)}
     print(json.dumps(result, indent=2))
     if args.json:

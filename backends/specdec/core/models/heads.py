@@ -101,11 +101,11 @@ class EagleHead(nn.Module):
     def forward(
         self, token_embeds: Tensor, features: Tensor, positions: Tensor | None = None,
         cache: KVCache | None = None, slots: list[int] | None = None, starts: list[int] | None = None,
-        tree_mask: Tensor | None = None,
+        tree_mask: Tensor | None = None, lengths: list[int] | None = None,
     ) -> Tensor:
         """Predicted next features [B, T, H] from (embed(token_{t+1}), feature_t) pairs."""
         x = self.fc(torch.cat((token_embeds, features), dim=-1))
-        return run_decoder(self.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask)
+        return run_decoder(self.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask, lengths)
 
     def save(self, folder: str | Path, dtype: torch.dtype = torch.float16) -> None:
         folder = Path(folder)

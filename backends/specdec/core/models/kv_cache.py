@@ -1,9 +1,9 @@
-"""Preallocated KV cache with per-slot lengths, rollback by length, and tree-path compaction.
+"""Preallocated KV cache with rollback by length and tree-path compaction.
 
-Each running sequence owns one slot. A forward writes its new tokens' keys and values at
-`start .. start+T-1` of its slot; what stays valid is decided afterwards by the caller:
-rollback is just not advancing the length, and after a tree verification `compact` moves the
-accepted path's entries (at arbitrary offsets) down to consecutive positions.
+Each running sequence owns one slot (its length is the sequence's `cache_len`). A forward writes
+its new tokens' keys and values at `start .. start+T-1` of its slot; what stays valid is decided
+afterwards by the caller: rollback is just not advancing the length, and after a tree verification
+`compact` moves the accepted path's entries (at arbitrary offsets) down to consecutive positions.
 """
 
 from __future__ import annotations
@@ -22,18 +22,13 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        shape = (num_layers, num_slots, capacity, num_kv_heads, head_dim)
+        # one position past the capacity: where rows padded to a batch's widest row write their
+        # padding (BatchContext); it is never read
+        shape = (num_layers, num_slots, capacity + 1, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
-        self.lengths = [0] * num_slots
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.lengths)
-
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        self.scratch = capacity
 
     def compact(self, slot: int, start: int, offsets: list[int]) -> None:
         """Move the entries at `start + offsets[j]` to `start + j` (offsets ascending, offsets[0] == 0)."""

@@ -131,9 +131,15 @@ class BatchContext:
     Built once per forward and shared by all layers. Key j of sequence b is visible to its new
     token i when j lies in the sequence's committed prefix (j < start_b), or when j is new token
     j - start_b and the tree mask allows it.
+
+    Rows padded to the batch's widest row (`lengths[b]` < T real tokens) write their padding to
+    the cache's scratch position, never past the row's own entries: a long-running sequence
+    batched with a newly admitted long prompt would otherwise write start_b + T past the end of
+    its slot. Padding is never attended to by a real token, so where it goes does not matter.
     """
 
-    def __init__(self, slots: list[int], starts: list[int], T: int, tree_mask: Tensor | None, device) -> None:
+    def __init__(self, slots: list[int], starts: list[int], T: int, tree_mask: Tensor | None, device,
+                 lengths: list[int] | None = None, scratch: int | None = None) -> None:
         B = len(slots)
         self.contiguous = B == 1 or slots == list(range(slots[0], slots[0] + B))
         self.slot0 = slots[0]
@@ -142,12 +148,16 @@ class BatchContext:
         self.slot_index = slot_t[:, None]
         self.write_pos = start_t[:, None] + torch.arange(T, device=device)
         self.length = max(starts) + T
+        if lengths is not None and min(lengths) < T:
+            valid = torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+            self.write_pos = torch.where(valid, self.write_pos, scratch)
+            self.length = max(s + n for s, n in zip(starts, lengths))
         if T == 1 and min(starts) == max(starts):
             self.mask = None  # one new token per sequence, same length: it sees every key
         else:
             j = torch.arange(self.length, device=device)
             rel = j[None, :] - start_t[:, None]  # [B, L]: key j's index among the new tokens
-            if tree_mask is None:
+            if tree_mask is None:  # (a padded query sees keys up to its own index: outputs unused)
                 i = torch.arange(T, device=device)
                 new_visible = (rel[:, None, :] >= 0) & (rel[:, None, :] <= i[None, :, None])
             else:
@@ -188,13 +198,15 @@ def fuse_projections(layers: nn.ModuleList) -> None:
 def run_decoder(
     layers: nn.ModuleList, inv_freq: Tensor, x: Tensor, positions: Tensor | None, cache: KVCache | None,
     slots: list[int] | None, starts: list[int] | None, tree_mask: Tensor | None = None,
+    lengths: list[int] | None = None,
 ) -> Tensor:
-    """Decoder layers over embedded inputs x [B, T, H]; shared by the Llama model and the EAGLE head."""
+    """Decoder layers over embedded inputs x [B, T, H]; shared by the Llama model and the EAGLE head.
+    lengths[b]: how many of row b's T tokens are real (the rest is padding); None: all of them."""
     if cache is None:
         ctx = None
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
     else:
-        ctx = BatchContext(slots, starts, x.shape[1], tree_mask, x.device)
+        ctx = BatchContext(slots, starts, x.shape[1], tree_mask, x.device, lengths, cache.scratch)
     freqs = positions[..., None].to(torch.float32) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, head_dim]
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -235,19 +247,21 @@ class LlamaForCausalLM(nn.Module):
         slots: list[int] | None = None,
         starts: list[int] | None = None,
         tree_mask: Tensor | None = None,
+        lengths: list[int] | None = None,
     ) -> Tensor:
         """Hidden states after the final norm, [B, T, hidden]; `logits(hidden)` maps them to the vocabulary.
 
-        tokens, positions: [B, T]; starts[b] is how many cached tokens of slot slots[b] stay visible.
+        tokens, positions: [B, T]; starts[b] is how many cached tokens of slot slots[b] stay visible;
+        lengths[b] how many of row b's tokens are real (right padding is never written into the slot).
         Without a cache (training) the tokens are whole sequences attended causally.
         """
-        return self.run_layers(self.model.embed_tokens(tokens), positions, cache, slots, starts, tree_mask)
+        return self.run_layers(self.model.embed_tokens(tokens), positions, cache, slots, starts, tree_mask, lengths)
 
     def run_layers(
         self, x: Tensor, positions: Tensor | None, cache: KVCache | None, slots: list[int] | None,
-        starts: list[int] | None, tree_mask: Tensor | None = None,
+        starts: list[int] | None, tree_mask: Tensor | None = None, lengths: list[int] | None = None,
     ) -> Tensor:
-        x = run_decoder(self.model.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask)
+        x = run_decoder(self.model.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask, lengths)
         return self.model.norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -23,6 +23,11 @@ class Tokenizer:
         self.hf = HFTokenizer.from_file(str(path))
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
         self.eos_ids = self._eos_ids(folder)
+        # no token stands for more characters than its vocabulary entry has (byte-level entries
+        # spell one character per byte; added tokens are matched literally), so a text longer than
+        # n * max_token_chars has more than n tokens: the bound that refuses a huge prompt before
+        # tokenizing it (10 M tokens of a 20 MB prompt took 16 s and blocked its model)
+        self.max_token_chars = max(map(len, self.hf.get_vocab(with_added_tokens=True)), default=1)
 
     def _eos_ids(self, folder: Path) -> list[int]:
         ids: list[int] = []

@@ -13,8 +13,10 @@ from specdec.core.verify import Draft
 
 
 class Proposer(Protocol):
-    name: str
     max_k: int  # the largest number of draft tokens (tree nodes) it proposes per step
+
+    def depth_for(self, k: int) -> int:
+        """How deep a draft of k tokens (tree nodes) reaches: what its proposal time grows with."""
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         """Reserve per-slot state (a KV cache for model-based proposers)."""

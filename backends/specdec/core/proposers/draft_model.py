@@ -1,7 +1,8 @@
 """A smaller checkpoint of the same tokenizer drafts a chain autoregressively, with its own KV cache.
 
 The draft cache is kept in sync lazily: `fed[slot]` counts the sequence tokens it holds. Each
-proposal first feeds what it has not seen (the bonus token, and any accepted tail), then drafts.
+proposal first feeds what every running sequence has not seen (the bonus token, any accepted
+tail, and what a sequence the policy paused committed meanwhile), then drafts.
 After verification only the accepted draft tokens stay valid, so `fed` rolls back to them.
 """
 
@@ -10,7 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
+from specdec.core.errors import ConfigurationError
+from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
+from specdec.core.models.tokenizer import Tokenizer
+from specdec.core.proposers.registry import Target, register, require
 from specdec.core.sampling import mask_eos, probs, sample
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
@@ -22,12 +28,13 @@ def pad_batch(rows: list[list[int]], device) -> Tensor:
 
 
 class DraftModelProposer:
-    name = "draft"
-
     def __init__(self, model: LlamaForCausalLM, k: int = 4, eos_ids: list[int] = ()) -> None:
         self.model, self.max_k, self.eos_ids = model, k, list(eos_ids)
         self.fed: dict[int, int] = {}
         self.drafted: dict[int, int] = {}  # draft tokens fed to the cache by the last proposal
+
+    def depth_for(self, k: int) -> int:
+        return min(k, self.max_k)  # a chain
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.model.new_cache(num_slots, capacity)
@@ -51,19 +58,22 @@ class DraftModelProposer:
         if not active:
             return drafts
         device = self.model.lm_head.weight.device
-        pending = [seqs[b].tokens[self.fed[seqs[b].slot] :] for b in active]
-        starts = [self.fed[seqs[b].slot] for b in active]
-        slots = [seqs[b].slot for b in active]
+        # every sequence catches up, the paused ones too: in the same batched forward that costs
+        # little, and a sequence that resumes then drafts at once instead of feeding its pause
+        pending = [s.tokens[self.fed[s.slot] :] for s in seqs]
+        starts = [self.fed[s.slot] for s in seqs]
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
-        hidden = self.model(tokens, positions, self.cache, slots, starts)
-        last = torch.tensor([len(p) - 1 for p in pending], device=device)
-        logits = self.model.logits(hidden[torch.arange(len(active)), last])
+        hidden = self.model(tokens, positions, self.cache, [s.slot for s in seqs], starts,
+                            lengths=[len(p) for p in pending])
+        last = torch.tensor([len(pending[b]) - 1 for b in active], device=device)
+        logits = self.model.logits(hidden[torch.tensor(active, device=device), last])
         row_logits = dict(enumerate(logits))  # by row of `active`; shrinks as short drafts finish
         out: dict[int, list[int]] = {b: [] for b in active}
         qs: dict[int, list[Tensor]] = {b: [] for b in active}
-        for b in active:
-            self.fed[seqs[b].slot] = len(seqs[b].tokens)
+        for s in seqs:
+            self.fed[s.slot], self.drafted[s.slot] = len(s.tokens), 0
+        slots = [seqs[b].slot for b in active]
         rows = list(range(len(active)))
         for depth in range(1, max(ks[b] for b in active) + 1):
             for r in rows:
@@ -95,3 +105,15 @@ class DraftModelProposer:
         self.fed.pop(slot, None)
         self.drafted.pop(slot, None)
 
+
+
+@register("draft")
+def build(cfg: EngineConfig, target: Target) -> DraftModelProposer:
+    folder = require(cfg.checkpoints.draft, "draft", cfg.proposer.method)
+    if Tokenizer(folder).fingerprint() != target.tokenizer.fingerprint():
+        raise ConfigurationError(f"draft {folder!r} uses a different tokenizer than target {target.folder!r}")
+    model = load_model(folder, target.dtype, target.device)
+    if model.config.vocab_size != target.model.config.vocab_size:
+        raise ConfigurationError(
+            f"draft vocabulary ({model.config.vocab_size}) differs from the target's ({target.model.config.vocab_size})")
+    return DraftModelProposer(model, cfg.proposer.k, target.eos_ids)

@@ -6,8 +6,9 @@ Committed pairs always use the target's true features (given back by the engine 
 verification, `pending`); draft pairs use the head's own predictions and are overwritten later.
 
 EAGLE-2's dynamic tree: expand the `top_k` most likely nodes of each depth by their top_k
-children, scoring nodes by cumulative draft log-probability, and keep the `total_tokens` best
-nodes (a child never scores above its parent, so the kept set is a tree). Tree nodes are chosen
+children, scoring nodes by cumulative draft log-probability, and keep the best min(k, total_tokens)
+nodes (a child never scores above its parent, so the kept set is a tree): `k` caps the tree as
+it caps every method's draft tokens per step. Tree nodes are chosen
 deterministically, so their q is one-hot and verification stays exact under sampling.
 """
 
@@ -18,35 +19,45 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
+from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.sampling import mask_eos, probs, sample
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
+from specdec.core.proposers.registry import Target, register, require
 
 
 @dataclass
 class EagleTree:
-    top_k: int = 4
-    depth: int = 5
-    total_tokens: int = 24
+    """EAGLE-2's tree shape (the default is the `eagle_tree` setting in `specdec.core.config`)."""
+
+    top_k: int
+    depth: int
+    total_tokens: int
 
 
 class EagleProposer:
-    name = "eagle"
-
     def __init__(
         self, head: EagleHead, target: LlamaForCausalLM, k: int = 4, tree: EagleTree | None = None,
         eos_ids: list[int] = (),
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
-        self.max_k = tree.total_tokens if tree else k
+        self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}
         self.pending: dict[int, Tensor] = {}
 
+    def depth_for(self, k: int) -> int:
+        k = min(k, self.max_k)
+        return min(self.tree.depth, k) if self.tree else k  # a tree of k nodes is at most k deep
+
     def allocate(self, num_slots: int, capacity: int) -> None:
-        self.cache = self.head.new_cache(num_slots, capacity)
+        # EAGLE-2 writes the pair of every node it expands past the root: top_k per level, which
+        # can be more than the k nodes it keeps
+        expanded = self.tree.top_k * (self.depth_for(self.max_k) - 1) if self.tree else 0
+        self.cache = self.head.new_cache(num_slots, capacity + expanded)
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
@@ -72,7 +83,8 @@ class EagleProposer:
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts)
+        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts,
+                        lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
             self.pending[s.slot] = f[:0]
@@ -84,7 +96,8 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        root_features = self.catch_up(batch)
+        # every sequence catches up, the paused ones too (see draft_model)
+        root_features = self.catch_up(seqs)[torch.tensor(active, device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
                  else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
         for b, d in zip(active, found):
@@ -165,7 +178,7 @@ class EagleProposer:
                 cands[b] += new_cands
                 order = sorted(range(first, len(cands[b])), key=lambda c: -cands[b][c][2])
                 frontier[b] = order[: tree.top_k]
-        return [self.select(cands[b], min(ks[b], tree.total_tokens)) for b in range(B)]
+        return [self.select(cands[b], min(ks[b], self.max_k)) for b in range(B)]
 
     @staticmethod
     def select(cands: list[tuple[int, int, float]], n: int) -> Draft:
@@ -186,3 +199,13 @@ class EagleProposer:
         where = {c: i for i, c in enumerate(ordered)}
         return Draft(tokens=[cands[c][0] for c in ordered],
                      parents=[where[cands[c][1]] if cands[c][1] >= 0 else -1 for c in ordered])
+
+
+@register("eagle", "eagle2")
+def build(cfg: EngineConfig, target: Target) -> EagleProposer:
+    p = cfg.proposer
+    head = EagleHead.load(require(cfg.checkpoints.eagle, "eagle", p.method), target.dtype, target.device)
+    if head.config.hidden_size != target.model.config.hidden_size:
+        raise ConfigurationError("EAGLE head hidden size differs from the target's")
+    tree = EagleTree(*p.eagle_tree) if p.method == "eagle2" else None
+    return EagleProposer(head, target.model, p.k, tree, target.eos_ids)

@@ -1,8 +1,14 @@
 """Medusa: extra heads on the target's last hidden state propose a static tree of top-k tokens.
 
 A tree is a list of paths of top-k indices: [0, 1] is head 0's best token followed by head 1's
-second best. Paths come in priority order with parents first, so the first k paths form a
-smaller tree: that is how the policy's k shrinks a Medusa draft.
+second best. Paths come in priority order with parents first, so the first n paths always form a
+tree: `k` prunes the configured tree to its first k paths, and the policy's per-step k shrinks it
+further the same way. The order is best-first by static acceptance: mc_sim_7b_63 was grown one node
+at a time, each time adding the node that most raised the expected accepted length in Medusa's
+calibration (per-head top-k accuracies), so its first k nodes are the best k-node tree under that
+estimate. (A product of per-rank head accuracies would need this kit's calibration figures, which a
+checkpoint does not carry; the published order needs none.) The tree's structure, the prefix
+shapes and the gather indices are built once at construction, as Medusa's generate_medusa_buffers does.
 """
 
 from __future__ import annotations
@@ -10,10 +16,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import MedusaHeads
+from specdec.core.proposers.registry import Target, register, require
 from specdec.core.sequence import Sequence
-from specdec.core.verify import Draft
+from specdec.core.verify import Draft, TreeShape
 
 # The tree Medusa ships for Vicuna-7B (63 nodes, depth 4): public data from FasterDecoding/Medusa.
 MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]  # noqa: E501
@@ -37,15 +45,23 @@ def check_tree(paths: list[list[int]], num_heads: int, vocab: int) -> list[list[
 
 
 class MedusaProposer:
-    name = "medusa"
-
-    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None) -> None:
+    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None, k: int | None = None) -> None:
         self.heads = heads
-        self.tree = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
+        paths = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
+        if k is not None and k < 1:
+            raise ConfigurationError(f"medusa needs k >= 1 (tree nodes per step), got {k}")
+        self.tree = paths[:k]  # best-first: the first k paths are the best k-node tree
         self.max_k = len(self.tree)
-        self.index = {tuple(p): i for i, p in enumerate(self.tree)}
+        index = {tuple(p): i for i, p in enumerate(self.tree)}
+        parents = [index[tuple(p[:-1])] if len(p) > 1 else -1 for p in self.tree]
+        self.shapes = [TreeShape.build(parents[:n]) for n in range(self.max_k + 1)]  # the tree's prefixes
+        self.head_of = torch.tensor([len(p) - 1 for p in self.tree], device=heads_device(heads))
+        self.rank_of = torch.tensor([p[-1] for p in self.tree], device=heads_device(heads))
         self.topk = max(max(p) for p in self.tree) + 1
         self.last_hidden: dict[int, Tensor] = {}
+
+    def depth_for(self, k: int) -> int:
+        return max(self.shapes[min(k, self.max_k)].depths, default=0)
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.last_hidden.clear()
@@ -60,13 +76,11 @@ class MedusaProposer:
         if not active:
             return drafts
         hidden = torch.stack([self.last_hidden[seqs[b].slot] for b in active])
-        top = torch.topk(self.heads(hidden), self.topk, dim=-1).indices.tolist()  # [heads][B][topk]
+        top = torch.topk(self.heads(hidden), self.topk, dim=-1).indices  # [heads, B, topk]
+        nodes = top[self.head_of, :, self.rank_of].T.tolist()  # [B, nodes]: one host transfer
         for row, b in enumerate(active):
-            paths = self.tree[: ks[b]]
-            drafts[b] = Draft(
-                tokens=[top[len(p) - 1][row][p[-1]] for p in paths],
-                parents=[self.index[tuple(p[:-1])] if len(p) > 1 else -1 for p in paths],
-            )
+            shape = self.shapes[min(ks[b], self.max_k)]
+            drafts[b] = Draft(nodes[row][: len(shape.parents)], shape.parents, shape=shape)
         return drafts
 
     def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
@@ -74,3 +88,16 @@ class MedusaProposer:
 
     def release(self, slot: int) -> None:
         self.last_hidden.pop(slot, None)
+
+
+def heads_device(heads: MedusaHeads) -> torch.device:
+    return next(heads.parameters()).device
+
+
+@register("medusa")
+def build(cfg: EngineConfig, target: Target) -> MedusaProposer:
+    p = cfg.proposer
+    heads = MedusaHeads.load(require(cfg.checkpoints.medusa, "medusa", p.method), target.dtype, target.device)
+    if heads.vocab != target.model.config.vocab_size or heads.hidden != target.model.config.hidden_size:
+        raise ConfigurationError("medusa heads do not fit the target (hidden size or vocabulary differ)")
+    return MedusaProposer(heads, [list(path) for path in p.medusa_tree] if p.medusa_tree else None, p.k)

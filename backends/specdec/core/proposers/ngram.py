@@ -9,7 +9,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from torch import Tensor
 
+from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
+from specdec.core.proposers.registry import Target, register
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -34,12 +36,13 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 
 
 class NgramProposer:
-    name = "ngram"
-
     def __init__(self, k: int = 4, min_n: int = 1, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
             raise ConfigurationError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_k, self.min_n, self.max_n = k, min_n, max_n
+
+    def depth_for(self, k: int) -> int:
+        return min(k, self.max_k)  # a chain
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         pass
@@ -56,3 +59,9 @@ class NgramProposer:
 
     def release(self, slot: int) -> None:
         pass
+
+
+@register("ngram")
+def build(cfg: EngineConfig, target: Target) -> NgramProposer:
+    p = cfg.proposer
+    return NgramProposer(p.k, p.ngram_min, p.ngram_max)

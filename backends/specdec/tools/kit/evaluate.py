@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from specdec.core.engine_config import EngineConfig, build_engine
+from specdec.core.config import EngineConfig
+from specdec.core.engine_config import build_engine
 from specdec.core.models.checkpoint import load_model
 from specdec.core.models.heads import EagleHead, MedusaHeads
 from specdec.core.models.llama import LlamaForCausalLM
@@ -162,7 +163,7 @@ def engine_acceptance(
     figures: dict[str, dict[str, Any]] = {
         "baseline": {"distinct_4": round(sum(map(distinct_n, expected)) / len(expected), 4)}}
     for method in ENGINE_METHODS:
-        engine = build_engine(EngineConfig(**folders, method=method, k=ENGINE_K, adaptive=False))
+        engine = build_engine(EngineConfig.of(**folders, method=method, k=ENGINE_K, policy="fixed"))
         results = engine.generate(prompts, params)
         stats = [r.stats for r in results]
         rounds = sum(s.steps - 1 for s in stats)

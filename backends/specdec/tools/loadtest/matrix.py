@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,12 @@ class MatrixConfig:
 
 
 # ---- server-side observations -----------------------------------------------------------------------
+def metrics_endpoint(url: str) -> str:
+    """`host:port` -> `http://host:port/metrics` (else the server-side token check stays silently empty)."""
+    url = url if "://" in url else f"http://{url}"
+    return url if urllib.parse.urlsplit(url).path.strip("/") else url.rstrip("/") + "/metrics"
+
+
 def scrape(url: str) -> dict:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -319,7 +326,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src = ap.add_argument_group("server (default: a running one at localhost)")
     src.add_argument("--grpc-url", default="localhost:8001")
     src.add_argument("--http-url", default="localhost:8000")
-    src.add_argument("--metrics-url", default="http://localhost:8002/metrics")
+    src.add_argument("--metrics-url", default="http://localhost:8002/metrics", type=metrics_endpoint)
     src.add_argument("--model-repository", help="start tritonserver on free ports with this repository")
     src.add_argument("--kit", help="build a repository from this kit folder (target/ draft/ medusa/ eagle/) and serve it")
     m = ap.add_argument_group("matrix")

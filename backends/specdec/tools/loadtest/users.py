@@ -196,7 +196,6 @@ def _on_init(environment, **kwargs) -> None:
     if not isinstance(runner, MasterRunner):
         # the heavy imports now: the run time starts counting when users spawn
         from specdec.serving import client  # noqa: F401
-        from specdec.serving import request  # noqa: F401  (what client.request_inputs imports: torch and all)
 
         if not isinstance(runner, WorkerRunner) and environment.parsed_options is not None:
             state(environment)  # prompts too (a worker gets its options from the master when users spawn)

@@ -1,0 +1,75 @@
+"""The documents stay true: README.md is a short user's document without a lab notebook's clock
+times, every relative link in README.md and docs/ resolves, and docs/serving.md's reference
+tables are what the code's own tables generate."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from specdec.tools import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+# a clock time (06:07, 6:07 UTC) or a calendar date (2026-11-30): the marks of a dated run
+DATED = re.compile(r"\b(?:[01]?\d|2[0-3]):[0-5]\d\b|\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\bUTC\b")
+
+
+def relative_links(path: Path) -> list[str]:
+    """Link targets in a Markdown file that point into the checkout (not URLs, not pure anchors)."""
+    targets = []
+    for target in LINK.findall(path.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        targets.append(target.split("#", 1)[0])
+    return targets
+
+
+def test_readme_is_short_and_undated():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 12 * 1024, f"README.md is {len(text.encode())} bytes"
+    assert not DATED.findall(text), DATED.findall(text)
+
+
+def test_dated_marks_are_caught():
+    assert DATED.findall("run at 06:07 UTC on 2026-11-30") == ["06:07", "UTC", "2026-11-30"]
+    assert not DATED.findall("k=4, 1.53x, --shape text_input:1, batch 1,8")
+
+
+def test_every_relative_link_resolves():
+    missing = [f"{path.relative_to(ROOT)}: {target}"
+               for path in DOCUMENTS for target in relative_links(path)
+               if not (path.parent / target).exists()]
+    assert not missing, "\n".join(missing)
+    assert any(relative_links(path) for path in DOCUMENTS)
+
+
+def test_link_check_sees_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[ok](https://example.com) [a](#x) [b](missing.md#part) ![c](img/plot.png \"title\")")
+    assert relative_links(page) == ["missing.md", "img/plot.png"]
+
+
+def test_serving_reference_is_generated_from_the_code():
+    """docs/serving.md's tables come from INPUTS/OUTPUTS, the config settings and the metric
+    families; after changing one, run `python -m specdec.tools.docs`."""
+    committed = docs.generated_part(docs.SERVING_MD.read_text())
+    assert committed == docs.reference()
+
+
+def test_reference_lists_every_name():
+    from specdec.core.config import SETTINGS
+    from specdec.serving.interface import INPUTS, OUTPUTS
+    from specdec.serving.metrics import FAMILIES
+
+    text = docs.reference()
+    for name in [*(f.name for f in INPUTS), *(f.name for f in OUTPUTS), *SETTINGS, "stream_interval", *FAMILIES]:
+        assert f"`{name}`" in text, name
+
+
+def test_no_document_cites_a_missing_design_file():
+    """The code once cited a DESIGN.md that is not in the repository; the design notes are docs/design.md."""
+    sources = [*DOCUMENTS, *(ROOT / "backends").rglob("*.py")]
+    offenders = [str(p.relative_to(ROOT)) for p in sources if "DESIGN.md" in p.read_text()]
+    assert not offenders, offenders

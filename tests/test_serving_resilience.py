@@ -1,0 +1,358 @@
+"""`specdec serve` as a user runs it, on the real tritonserver: the committed repository serves as
+`make serve` starts it; a killed backend stub is reloaded while the other models keep serving; a
+killed tritonserver is restarted; SIGINT/SIGTERM drain the streams in flight and stop cleanly with
+the ports free at once; SIGHUP, a closed stdout and a killed `specdec serve` leave no tritonserver.
+
+Every server here is a `specdec serve` subprocess (tiny checkpoints, except the `make serve` test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from specdec.paths import MODEL_REPOSITORY, REPO_ROOT
+from specdec.serving.client import grpc_tensors, request_inputs
+from specdec.serving.repository import write_repository
+from specdec.serving.server import free_port
+from specdec.serving.supervisor import stub_pids
+from tiny_checkpoints import make_tiny_kit
+
+pytestmark = pytest.mark.slow
+
+LONG = 480  # tokens: a stream that is still running when the test acts on the server
+CRASH = re.compile(r"Signal \((6|11)\)|malloc\(\)|tcache|Exit timeout expired|lock_exception|Aborted")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, tokenizer_dir) -> Path:
+    root = tmp_path_factory.mktemp("resilience")
+    kit = make_tiny_kit(root / "kit", tokenizer_dir)
+    repo = root / "model_repository"
+    write_repository(repo, kit["target"], models=["baseline", "spec_ngram"], policy="fixed", max_batch=4,
+                     max_context=512)
+    return repo
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+class Serve:
+    """`specdec serve` in a subprocess (its own session, as from a terminal), its stdout collected."""
+
+    def __init__(self, tmp: Path, repo: Path, *args: str, ports: list[int] | None = None,
+                 command: list[str] | None = None) -> None:
+        self.ports = ports or [free_port() for _ in range(3)]
+        self.log = tmp / f"tritonserver-{self.ports[0]}.log"
+        port_args = ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]),
+                     "--metrics-port", str(self.ports[2]), "--log-file", str(self.log), *args]
+        cmd = command or [sys.executable, "-m", "specdec.serving.server", "--model-repository", str(repo)]
+        if command and command[0] == "make":
+            cmd = [*command, f"SERVE_ARGS={' '.join(port_args)}"]
+        else:
+            cmd = [*cmd, *port_args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True, cwd=REPO_ROOT)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_ready(self, timeout_s: float = 240) -> "Serve":
+        deadline = time.monotonic() + timeout_s
+        while not any(line.startswith("Ctrl-C") for line in self.lines):
+            assert self.proc.poll() is None, f"specdec serve exited:\n{self.text}"
+            assert time.monotonic() < deadline, f"not ready after {timeout_s} s:\n{self.text}"
+            time.sleep(0.1)
+        return self
+
+    @property
+    def http(self) -> str:
+        return f"localhost:{self.ports[0]}"
+
+    @property
+    def grpc(self) -> str:
+        return f"localhost:{self.ports[1]}"
+
+    def server_pid(self) -> int | None:
+        pids = tritonservers(self.ports[0])
+        return pids[0] if pids else None
+
+    def wait_exit(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.reader.join(5)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pid in tritonservers(self.ports[0]):  # never leave one behind, whatever failed
+            os.killpg(pid, signal.SIGKILL)
+
+
+def processes(program: str, arg: str) -> list[int]:
+    """Processes running `program` (the end of its path) with `arg` among their arguments."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[0].endswith(program) and arg in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def tritonservers(http_port: int) -> list[int]:
+    return processes("/tritonserver", f"--http-port={http_port}")
+
+
+def stubs_of(server_pid: int) -> list[int]:
+    """Stubs started by that tritonserver, also once they are orphans (their argv names the parent)."""
+    return processes("triton_python_backend_stub", str(server_pid))
+
+
+@dataclass
+class Stream:
+    """One gRPC stream of `max_tokens` tokens, read on its own thread."""
+
+    url: str
+    model: str
+    max_tokens: int = LONG
+    tokens: int = 0
+    outcome: str | None = None  # "final" | "error: ..."
+    ended_at: float | None = None
+    first: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "Stream":
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        responses: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.url)
+        client.start_stream(callback=lambda result=None, error=None: responses.put((result, error)))
+        client.async_stream_infer(self.model, grpc_tensors(request_inputs(
+            "def add(a, b):", max_tokens=self.max_tokens, ignore_eos=True, stream=True)),
+            enable_empty_final_response=True)
+        while self.outcome is None:
+            result, error = responses.get()
+            self.first.set()
+            if error is not None:
+                self.outcome = f"error: {error.message()}"
+            else:
+                ids = result.as_numpy("output_ids")
+                self.tokens += 0 if ids is None else len(ids)
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    self.outcome = "final"
+        self.ended_at = time.monotonic()
+        client.close()
+
+
+def open_streams(url: str, model: str, n: int, running: int = 4) -> list[Stream]:
+    """n streams, once `running` of them (the model's KV slots) have their first response."""
+    streams = [Stream(url, model).start() for _ in range(n)]
+    assert wait_for(lambda: sum(s.first.is_set() for s in streams) >= min(n, running), 60), "no first response"
+    return streams
+
+
+def generate(http: str, model: str, **body) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://{http}/v2/models/{model}/generate", method="POST",
+                                     data=json.dumps({"text_input": "def", "max_tokens": 4, **body}).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, {"error": str(exc)}
+
+
+def metric(http_metrics_port: int, name: str, model: str) -> float | None:
+    with urllib.request.urlopen(f"http://localhost:{http_metrics_port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(f'{name}{{model="{model}"}}'):
+                return float(line.split()[-1])
+    return None
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    return predicate()
+
+
+# ---- the committed repository, as `make serve` serves it ------------------------------------------
+def test_make_serve_serves_the_committed_repository(tmp_path):
+    models = sorted(p.name for p in MODEL_REPOSITORY.iterdir() if (p / "config.pbtxt").exists())
+    serve = Serve(tmp_path, MODEL_REPOSITORY, command=["make", "-s", "serve"])
+    try:
+        serve.wait_ready(timeout_s=600)
+        for model in models:
+            status, body = generate(serve.http, model)
+            assert status == 200 and len(body["output_ids"]) == 4, (model, body)
+        serve_pid = int(subprocess.check_output(["pgrep", "-P", str(serve.proc.pid), "-f", "specdec.serving.server"]))
+        os.kill(serve_pid, signal.SIGINT)  # Ctrl-C reaches the whole group in a terminal; make would then say 130
+        assert serve.wait_exit(60) == 0, serve.text
+    finally:
+        serve.close()
+
+
+# ---- a dead stub, a dead tritonserver --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stub_killed(repo, tmp_path_factory):
+    """Kill -9 spec_ngram's stub while 3 streams run on it and baseline is asked every 0.2 s."""
+    serve = Serve(tmp_path_factory.mktemp("stub"), repo, "--drain-timeout", "2").wait_ready()
+    baseline: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def poll_baseline() -> None:
+        while not done.is_set():
+            baseline.append((time.monotonic(), generate(serve.http, "baseline")[0]))
+            time.sleep(0.2)
+    poller = threading.Thread(target=poll_baseline, daemon=True)
+    poller.start()
+    streams = open_streams(serve.grpc, "spec_ngram", 3)
+    stubs = stub_pids(serve.server_pid())
+    t_kill = time.monotonic()
+    os.kill(stubs["spec_ngram"].pop(), signal.SIGKILL)
+    served_again = wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200 and time.monotonic(), 30)
+    time.sleep(1.0)
+    try:
+        yield dict(serve=serve, streams=streams, t_kill=t_kill, served_again=served_again, baseline=baseline)
+    finally:
+        done.set()
+        poller.join(5)
+        serve.close()
+
+
+def test_dead_stub_is_reloaded_and_the_other_models_keep_serving(stub_killed):
+    serve, t_kill = stub_killed["serve"], stub_killed["t_kill"]
+    assert stub_killed["served_again"], f"spec_ngram does not serve 30 s after its stub died:\n{serve.text}"
+    assert stub_killed["served_again"] - t_kill < 30
+    assert re.search(r"watchdog: model spec_ngram: backend stub \(pid \d+\) died with \d+ requests in flight",
+                     serve.text) and "spec_ngram serves again" in serve.text
+    assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == 1
+    assert metric(serve.ports[2], "specdec:model_restarts", "baseline") == 0
+    around = [status for t, status in stub_killed["baseline"] if t > t_kill - 1]
+    assert len(around) >= 5 and set(around) == {200}, around  # baseline never stopped serving
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Triton 2.51's Python backend never completes the response factories of a dead decoupled stub "
+    "(python_be.cc r24.10: 'TODO: Implement restart on decoupled'); its clients end when tritonserver "
+    "exits (next test), not within seconds"))
+def test_streams_of_a_dead_stub_end_within_seconds(stub_killed):
+    for s in stub_killed["streams"]:
+        assert s.outcome is not None and s.ended_at - stub_killed["t_kill"] < 5
+
+
+def test_dead_tritonserver_is_restarted(stub_killed):
+    serve = stub_killed["serve"]
+    pid = serve.server_pid()
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    for s in stub_killed["streams"]:  # the streams the dead stub left hanging end with the server
+        assert wait_for(lambda: s.outcome is not None, 10), "a stream outlived its tritonserver"
+        assert s.outcome.startswith("error")
+    assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 120), serve.text
+    assert "tritonserver exited with code -9; restarting it" in serve.text
+    assert serve.server_pid() not in (None, pid)
+    assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 1
+    assert time.monotonic() - t0 < 120
+
+
+# ---- shutdown ---------------------------------------------------------------------------------------
+# Each of these servers starts on the ports the previous one just left: a restart right after a stop
+# must not be refused.
+PORTS = [free_port() for _ in range(3)]
+
+
+@pytest.mark.parametrize("signum,drain_s", [(signal.SIGINT, 60.0), (signal.SIGTERM, 0.5)])
+def test_signal_drains_streams_in_flight_and_stops_cleanly(repo, tmp_path, signum, drain_s):
+    serve = Serve(tmp_path, repo, "--models", "spec_ngram", "--drain-timeout", str(drain_s), ports=PORTS).wait_ready()
+    try:
+        streams = open_streams(serve.grpc, "spec_ngram", 8)  # 4 running, 4 waiting for a KV slot
+        t0 = time.monotonic()
+        serve.proc.send_signal(signum)
+        assert wait_for(lambda: "draining" in serve.text, 5)
+        assert wait_for(lambda: "spec_ngram draining" in serve.log.read_text(errors="replace"), 5)  # the backend knows
+        status, body = generate(serve.http, "spec_ngram")
+        assert status >= 400 and "draining" in body["error"], body  # new requests are refused
+        assert serve.wait_exit(drain_s + 30) == 0, serve.text
+        for s in streams:
+            assert wait_for(lambda: s.outcome is not None, 5), "a stream got no final response"
+            assert s.ended_at - t0 < drain_s + 10
+            assert (s.outcome, s.tokens) == ("final", LONG) or "drain deadline passed" in s.outcome, s.outcome
+        outcomes = [s.outcome for s in streams]
+        if drain_s >= 30:
+            assert outcomes == ["final"] * len(streams)  # time enough: every output complete
+        else:
+            assert any(o != "final" for o in outcomes)  # 2 x LONG tokens per slot take longer than that
+        log = serve.log.read_text(errors="replace")
+        assert not CRASH.search(log), CRASH.search(log).group(0)
+        assert not tritonservers(serve.ports[0])
+    finally:
+        serve.close()
+
+
+def test_sighup_closed_stdout_and_a_killed_serve_leave_no_tritonserver(repo, tmp_path):
+    # a closed terminal: SIGHUP
+    serve = Serve(tmp_path, repo, "--models", "spec_ngram", ports=PORTS).wait_ready()
+    try:
+        assert generate(serve.http, "spec_ngram")[0] == 200
+        serve.proc.send_signal(signal.SIGHUP)
+        assert serve.wait_exit(60) == 0, serve.text
+        assert not tritonservers(PORTS[0])
+    finally:
+        serve.close()
+    # `specdec serve | head -1`: the reader goes away after the first line
+    log = tmp_path / "piped.log"
+    shell = subprocess.Popen(
+        f"{sys.executable} -m specdec.serving.server --model-repository {repo} --models spec_ngram "
+        f"--http-port {PORTS[0]} --grpc-port {PORTS[1]} --metrics-port {PORTS[2]} --log-file {log} | head -1",
+        shell=True, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        first, _ = shell.communicate(timeout=240)
+        assert first.startswith("starting tritonserver")
+        assert "Started GRPCInferenceService" in log.read_text()  # it did serve, and stopped
+        assert wait_for(lambda: not tritonservers(PORTS[0]), 30)
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+        for pid in tritonservers(PORTS[0]):
+            os.killpg(pid, signal.SIGKILL)
+    # kill -9 of `specdec serve` itself: tritonserver dies with it (PR_SET_PDEATHSIG), its stubs follow
+    serve = Serve(tmp_path, repo, "--models", "spec_ngram", ports=PORTS).wait_ready()
+    try:
+        pid = serve.server_pid()
+        serve.proc.kill()
+        assert wait_for(lambda: not tritonservers(PORTS[0]), 5)
+        assert wait_for(lambda: not stubs_of(pid), 5)
+    finally:
+        serve.close()
