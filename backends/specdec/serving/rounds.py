@@ -52,16 +52,28 @@ class InnerClient(Protocol):
 
 
 class BlsClient:
-    """Inner calls through Triton's BLS from worker threads (allowed in a decoupled model)."""
+    """Inner calls through Triton's BLS from worker threads (allowed in a decoupled model).
+
+    Under 16 concurrent streams the stub (tritonserver 2.51) crashed in libpython, and a target call
+    once yielded its draft call's response: both fit the stub routing responses by the address of a
+    freed request. So requests are sent one at a time (`send_lock`; sending does not wait for the
+    answer) and every request and response generator is kept alive for `KEEP` more calls, so no
+    address is reused while a late response may still arrive."""
+
+    KEEP = 4096
 
     def __init__(self, pb_utils) -> None:
         self.pb = pb_utils
+        self.send_lock = threading.Lock()
+        self.recent: deque = deque(maxlen=self.KEEP)
 
     def generate(self, model: str, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         pb = self.pb
-        request = pb.InferenceRequest(model_name=model, requested_output_names=INNER_OUTPUTS,
-                                      inputs=[pb.Tensor(name, value) for name, value in inputs.items()])
-        responses = request.exec(decoupled=True)
+        with self.send_lock:
+            request = pb.InferenceRequest(model_name=model, requested_output_names=INNER_OUTPUTS,
+                                          inputs=[pb.Tensor(name, value) for name, value in inputs.items()])
+            responses = request.exec(decoupled=True)
+            self.recent.append((request, responses, inputs))
         complete = False
         try:
             for response in responses:
