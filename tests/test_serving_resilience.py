@@ -353,6 +353,6 @@ def test_sighup_closed_stdout_and_a_killed_serve_leave_no_tritonserver(repo, tmp
         pid = serve.server_pid()
         serve.proc.kill()
         assert wait_for(lambda: not tritonservers(PORTS[0]), 5)
-        assert wait_for(lambda: not stubs_of(pid), 5)
+        assert wait_for(lambda: not stubs_of(pid), 15), [Path(f"/proc/{p}/status").read_text()[:300] for p in stubs_of(pid)]
     finally:
         serve.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import json
 import os
 import select
 import shutil
@@ -34,6 +35,7 @@ from specdec.paths import CACHE, MODEL_REPOSITORY, PACKAGE_ROOT
 from specdec.serving.control import CONTROL_DIR_ENV
 
 ENTRY_POINT = "from specdec.serving.model import TritonPythonModel  # noqa: F401\n"
+UNLOAD_TIMEOUT_S = 30.0  # how long stop() waits for the models to unload (idle ones take about 1 s)
 
 
 class ServerError(RuntimeError):
@@ -220,11 +222,38 @@ class TritonServer:
         except OSError:
             return ""
 
+    def post(self, path: str, timeout_s: float = 10.0) -> str:
+        """POST to tritonserver's HTTP API (e.g. the repository extension); raises ServerError."""
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as r:
+                return r.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise ServerError(f"POST {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ServerError(f"POST {path}: {exc}") from None
+
+    def unload_models(self, timeout_s: float = UNLOAD_TIMEOUT_S) -> None:
+        """Unload every model and wait (bounded) until none is left: tritonserver then exits at once.
+        Its own shutdown counts a decoupled model's streams as no in-flight inference, starts
+        unloading and, at --exit-timeout-secs, exits while they still run ("Exit timeout expired.
+        Exiting immediately"), which crashed it (`malloc(): unaligned tcache chunk detected`)."""
+        for model in self.models:
+            self.post(f"/v2/repository/models/{model}/unload")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(
+                m.get("state") in ("READY", "UNLOADING") for m in json.loads(self.post("/v2/repository/index"))):
+            time.sleep(0.05)
+
     def stop(self, timeout_s: float | None = None) -> int | None:
-        """SIGINT (clean shutdown), then SIGKILL the whole process group if it lingers."""
+        """Unload the models, SIGINT (clean shutdown), then SIGKILL the whole process group if it lingers."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
+            try:
+                self.unload_models()
+            except (ServerError, ValueError):  # not serving (yet): nothing to unload
+                pass
             try:
                 os.killpg(self.proc.pid, signal.SIGINT)
                 self.proc.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 10)

@@ -16,16 +16,13 @@ live in tritonserver, and only the stub deletes them (python_backend r24.10 `pyt
 
 Shutdown (`drain_and_stop`): write the drain deadline (the backends refuse new requests with a
 "draining" error, let running ones finish, and end what is left at the deadline with an error),
-wait until every live stub says it is drained, unload every model, then SIGINT tritonserver with
-nothing in flight: its exit timeout, which exits while a decoupled stream still runs and crashed
-with `malloc(): unaligned tcache chunk detected`, is never reached.
+wait until every live stub says it is drained, then `TritonServer.stop()` (every model unloaded
+before tritonserver gets its SIGINT, so nothing is in flight when it exits).
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +33,6 @@ from specdec.serving.server import ServerError, TritonServer
 DRAIN_TIMEOUT_S = 30.0  # `specdec serve --drain-timeout`: how long running requests may take to finish
 POLL_S = 0.25  # the watchdog's period: a dead stub is noticed within this
 ABORT_GRACE_S = 5.0  # after the drain deadline: time for the backends' error responses to go out
-UNLOAD_TIMEOUT_S = 30.0
 STUB = "triton_python_backend_stub"
 
 
@@ -100,8 +96,8 @@ class Supervisor:
                  f"with {'?' if stuck is None else int(stuck)} requests in flight; reloading it")
         counts = control.count_restart(self.control, model)
         try:
-            self._repository(model, "unload")
-            self._repository(model, "load", timeout_s=self.ready_timeout_s)
+            self.server.post(f"/v2/repository/models/{model}/unload")
+            self.server.post(f"/v2/repository/models/{model}/load", timeout_s=self.ready_timeout_s)
         except ServerError as exc:
             self.say(f"watchdog: model {model}: reload failed: {exc}")
             return
@@ -142,23 +138,8 @@ class Supervisor:
         else:
             if proc.poll() is None:
                 self.say("draining: some requests did not end in time")
-        self.unload_all()
         self.say("stopping tritonserver ...")
-        return self.server.stop()
-
-    def unload_all(self) -> None:
-        """Unload every model and wait (bounded) until they are: then tritonserver exits at once."""
-        if self.server.proc.poll() is not None:
-            return
-        try:
-            for model in self.server.models:
-                self._post(f"/v2/repository/models/{model}/unload", timeout_s=10)
-            deadline = time.monotonic() + UNLOAD_TIMEOUT_S
-            while time.monotonic() < deadline and any(
-                    m.get("state") in ("READY", "UNLOADING") for m in json.loads(self._post("/v2/repository/index"))):
-                time.sleep(0.05)
-        except (ServerError, ValueError) as exc:
-            self.say(f"unloading the models failed ({exc}); stopping tritonserver anyway")
+        return self.server.stop()  # unloads every model first: nothing is left in flight at its exit
 
     def _in_flight(self, model: str) -> float | None:
         """The dead stub's last running + waiting gauges (they live in tritonserver, not the stub)."""
@@ -170,17 +151,3 @@ class Supervisor:
         names = ("specdec:num_requests_running", "specdec:num_requests_waiting")
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(names) and f'model="{model}"' in line)
-
-    # ---- repository API -------------------------------------------------------------------------
-    def _repository(self, model: str, action: str, timeout_s: float = 60.0) -> None:
-        self._post(f"/v2/repository/models/{model}/{action}", timeout_s=timeout_s)
-
-    def _post(self, path: str, timeout_s: float = 10.0) -> str:
-        request = urllib.request.Request(f"http://{self.server.http_url}{path}", data=b"{}", method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as r:
-                return r.read().decode()
-        except urllib.error.HTTPError as exc:
-            raise ServerError(f"POST {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ServerError(f"POST {path}: {exc}") from None
