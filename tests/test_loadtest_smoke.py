@@ -117,7 +117,7 @@ def test_aa_run_reports_no_difference(served, tmp_path):
     the two must show no difference, the copy gets no method verdict, and the folder is removed."""
     out = tmp_path / "aa"
     rc = loadtest_main(["--model-repository", str(served.model_repository), "--aa", "--models", "baseline",
-                        "--concurrency", "1,2", "--rounds", "3", "--duration", "1", "--warmup", "0.3",
+                        "--concurrency", "1,2", "--rounds", "4", "--duration", "1.5", "--warmup", "0.5",
                         "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
