@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                                   control_dir=control_dir)
             check_checkpoints(server.model_repository, server.models)
             for port in (args.http_port, args.grpc_port, args.metrics_port):
-                if not _port_free(port):
+                if not port_free(port):
                     raise ServerError(f"port {port} is in use (pick others with --http-port/--grpc-port/--metrics-port)")
         except ServerError as exc:
             console.error(f"error: {exc}")
@@ -402,7 +402,7 @@ def check_checkpoints(repo: Path, models: list[str]) -> None:
                     "(make demo), or write a repository for your checkpoints: specdec build-repo --target DIR ...")
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """Free for a server: SO_REUSEADDR as tritonserver binds, so connections of a server that just
     stopped (TIME_WAIT, up to 60 s) do not count."""
     with socket.socket() as s:
