@@ -90,6 +90,63 @@ def kit(tmp_path_factory):
     return root
 
 
+# ------------------------------------------------ the real templates' tensor lists (copied)
+
+# all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt of triton-inference-server/tensorrtllm_backend
+# at tag v0.18.0 (the pinned version): every input, (data_type, dims). draft_logits, context_logits and
+# generation_logits are typed ${logits_datatype} there (TYPE_FP32 as build_engines.py fills it).
+TENSORRT_LLM_INPUTS = {
+    "input_ids": ("TYPE_INT32", "[-1]"), "encoder_input_features": ("${encoder_input_features_data_type}", "[-1, -1]"),
+    "encoder_output_lengths": ("TYPE_INT32", "[1]"), "input_lengths": ("TYPE_INT32", "[1]"),
+    "request_output_len": ("TYPE_INT32", "[1]"), "num_return_sequences": ("TYPE_INT32", "[1]"),
+    "draft_input_ids": ("TYPE_INT32", "[-1]"), "decoder_input_ids": ("TYPE_INT32", "[-1]"),
+    "decoder_input_lengths": ("TYPE_INT32", "[1]"), "draft_logits": ("TYPE_FP32", "[-1, -1]"),
+    "draft_acceptance_threshold": ("TYPE_FP32", "[1]"), "end_id": ("TYPE_INT32", "[1]"),
+    "pad_id": ("TYPE_INT32", "[1]"), "stop_words_list": ("TYPE_INT32", "[2, -1]"),
+    "bad_words_list": ("TYPE_INT32", "[2, -1]"), "embedding_bias": ("TYPE_FP32", "[-1]"),
+    "beam_width": ("TYPE_INT32", "[1]"), "temperature": ("TYPE_FP32", "[1]"), "runtime_top_k": ("TYPE_INT32", "[1]"),
+    "runtime_top_p": ("TYPE_FP32", "[1]"), "runtime_top_p_min": ("TYPE_FP32", "[1]"),
+    "runtime_top_p_decay": ("TYPE_FP32", "[1]"), "runtime_top_p_reset_ids": ("TYPE_INT32", "[1]"),
+    "len_penalty": ("TYPE_FP32", "[1]"), "early_stopping": ("TYPE_BOOL", "[1]"),
+    "repetition_penalty": ("TYPE_FP32", "[1]"), "min_length": ("TYPE_INT32", "[1]"),
+    "beam_search_diversity_rate": ("TYPE_FP32", "[1]"), "presence_penalty": ("TYPE_FP32", "[1]"),
+    "frequency_penalty": ("TYPE_FP32", "[1]"), "random_seed": ("TYPE_UINT64", "[1]"),
+    "return_log_probs": ("TYPE_BOOL", "[1]"), "return_context_logits": ("TYPE_BOOL", "[1]"),
+    "return_generation_logits": ("TYPE_BOOL", "[1]"), "return_kv_cache_reuse_stats": ("TYPE_BOOL", "[1]"),
+    "exclude_input_in_output": ("TYPE_BOOL", "[1]"), "stop": ("TYPE_BOOL", "[1]"), "streaming": ("TYPE_BOOL", "[1]"),
+    "prompt_embedding_table": ("TYPE_FP16", "[-1, -1]"), "prompt_table_extra_ids": ("TYPE_UINT64", "[-1]"),
+    "prompt_vocab_size": ("TYPE_INT32", "[1]"), "cross_attention_mask": ("TYPE_BOOL", "[-1, -1]"),
+    "lora_task_id": ("TYPE_UINT64", "[1]"), "lora_weights": ("TYPE_FP16", "[-1, -1]"),
+    "lora_config": ("TYPE_INT32", "[-1, 3]"), "context_phase_params": ("TYPE_UINT8", "[-1]"),
+    "skip_cross_attn_blocks": ("TYPE_BOOL", "[1]"), "retention_token_range_starts": ("TYPE_INT32", "[-1]"),
+    "retention_token_range_ends": ("TYPE_INT32", "[-1]"), "retention_token_range_priorities": ("TYPE_INT32", "[-1]"),
+    "retention_token_range_durations_ms": ("TYPE_INT32", "[-1]"), "retention_decode_priority": ("TYPE_INT32", "[1]"),
+    "retention_decode_duration_ms": ("TYPE_INT32", "[1]"),
+}
+# the same file's outputs (generation_logits / context_logits typed ${logits_datatype})
+TENSORRT_LLM_OUTPUTS = {
+    "output_ids": ("TYPE_INT32", "[-1, -1]"), "sequence_length": ("TYPE_INT32", "[-1]"),
+    "cum_log_probs": ("TYPE_FP32", "[-1]"), "output_log_probs": ("TYPE_FP32", "[-1, -1]"),
+    "context_logits": ("TYPE_FP32", "[-1, -1]"), "generation_logits": ("TYPE_FP32", "[-1, -1, -1]"),
+    "batch_index": ("TYPE_INT32", "[1]"), "sequence_index": ("TYPE_INT32", "[1]"),
+    "context_phase_params": ("TYPE_UINT8", "[-1]"), "kv_cache_alloc_new_blocks": ("TYPE_INT32", "[1]"),
+    "kv_cache_reused_blocks": ("TYPE_INT32", "[1]"), "kv_cache_alloc_total_blocks": ("TYPE_INT32", "[1]"),
+}
+# all_models/inflight_batcher_llm/ensemble/config.pbtxt at v0.18.0: the client inputs of spec_medusa / spec_eagle
+ENSEMBLE_INPUTS = {
+    "text_input", "decoder_text_input", "max_tokens", "num_return_sequences", "bad_words", "stop_words",
+    "exclude_input_in_output", "end_id", "pad_id", "top_k", "top_p", "temperature", "length_penalty",
+    "repetition_penalty", "min_length", "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
+    "return_context_logits", "return_generation_logits", "return_kv_cache_reuse_stats", "beam_width", "stream",
+    "prompt_embedding_table", "prompt_table_extra_id", "prompt_vocab_size", "embedding_bias_words",
+    "embedding_bias_weights", "lora_task_id", "lora_weights", "lora_config",
+}
+
+
+def tensor_list(tensors: dict[str, tuple[str, str]]) -> str:
+    return ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: {d} optional: true }}' for n, (t, d) in tensors.items())
+
+
 # ------------------------------------------------------- stand-in tensorrtllm_backend checkout
 
 PARAM = 'parameters: {{\n  key: "{key}"\n  value: {{\n    string_value: "${{{key}}}"\n  }}\n}}\n'
@@ -138,24 +195,14 @@ STAND_IN = {
                     'dynamic_batching { preferred_batch_size: [ ${triton_max_batch_size} ]\n'
                     '  max_queue_delay_microseconds: ${max_queue_delay_microseconds}\n'
                     '  default_queue_policy { max_queue_size: ${max_queue_size} } }\n'
-                    'input [ { name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true },\n'
-                    '  { name: "encoder_input_features" data_type: ${encoder_input_features_data_type}'
-                    ' dims: [ -1, -1 ] optional: true } ]\n'
-                    'output [ { name: "output_ids" data_type: TYPE_INT32 dims: [ -1, -1 ] },\n'
-                    '  { name: "generation_logits" data_type: ${logits_datatype} dims: [ -1, -1, -1 ] } ]\n'
+                    + "input [\n" + tensor_list(TENSORRT_LLM_INPUTS) + "\n]\noutput [\n"
+                    + tensor_list(TENSORRT_LLM_OUTPUTS).replace(" optional: true", "") + "\n]\n"
                     'instance_group [ { count: 1 kind : KIND_CPU } ]\n'
                     + "".join(PARAM.format(key=k) for k in (
                         "max_beam_width", "batching_strategy", "engine_dir", "kv_cache_free_gpu_mem_fraction",
                         "enable_kv_cache_reuse", "exclude_input_in_output", "enable_chunked_context",
                         "decoding_mode", "medusa_choices", "eagle_choices", "gpu_device_ids",
                         "lookahead_window_size")),
-    "tensorrt_llm_bls": 'name: "tensorrt_llm_bls"\nbackend: "python"\nmax_batch_size: ${triton_max_batch_size}\n'
-                        'model_transaction_policy { decoupled: ${decoupled_mode} }\n'
-                        + CLIENT_INPUTS % ',\n  { name: "num_draft_tokens" data_type: TYPE_INT32 dims: [ 1 ]'
-                                          ' optional: true }'
-                        + 'instance_group [ { count: ${bls_instance_count} kind : KIND_CPU } ]\n'
-                        + "".join(PARAM.format(key=k) for k in (
-                            "accumulate_tokens", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name")),
 }
 
 # The documented command line: fill_template.py -i FILE k:v,k:v ('\\' escapes the next character, at
@@ -234,7 +281,7 @@ def test_dry_run_prints_convert_and_build_for_every_method(kit, backend_root, tm
     assert "/app/examples/eagle/convert_checkpoint.py" in text and "--eagle_model_dir" in text
     for mode in ("draft_tokens_external", "medusa", "eagle"):
         assert f"--speculative_decoding_mode {mode} --max_draft_len" in text
-    assert text.count("trtllm-build ") == 5  # target, target (external drafts), draft, medusa, eagle
+    assert text.count("trtllm-build ") == 4  # target (external drafts, baseline shares it), draft, medusa, eagle
     assert "fill_template.py -i" in text and "#     engine_dir = " in text  # every parameter is listed
 
 
@@ -250,7 +297,7 @@ def test_plan_flags(kit, backend_root, tmp_path):
     assert flag(e, "--speculative_decoding_mode") == "eagle" and flag(e, "--max_draft_len") == "63"
     d = builds["build target engine for external draft tokens"]
     assert flag(d, "--speculative_decoding_mode") == "draft_tokens_external" and flag(d, "--max_draft_len") == "5"
-    assert "--speculative_decoding_mode" not in builds["build target engine"]
+    assert "build target engine" not in builds  # baseline serves the external-draft target engine
     assert "--speculative_decoding_mode" not in builds["build draft engine"]
     for argv in builds.values():
         assert flag(argv, "--max_batch_size") == "8" and flag(argv, "--gemm_plugin") == "float16"
@@ -271,7 +318,7 @@ def test_plan_flags(kit, backend_root, tmp_path):
     # order: staging before converting, converting before building, engines before the repository
     names = [s.name for s in steps]
     assert names.index("stage target: store lm_head.weight (tied embeddings)") < names.index("convert target")
-    assert names.index("convert target") < names.index("build target engine")
+    assert names.index("convert target") < names.index("build target engine for external draft tokens")
     assert names.index("convert target + medusa heads") < names.index("build medusa engine")
     engines = {flag(a, "--output_dir") for a in builds.values()}
     filled = [dict(s.params) for s in steps if s.params]
@@ -300,9 +347,8 @@ def test_template_parameters_are_complete(kit, backend_root, tmp_path):
     opts = options(kit, tmp_path / "out", backend_root)
     [(repo, models)] = be.repositories(opts).items()
     names = [m.name for m in models]
-    assert names == ["preprocessing", "postprocessing", "baseline", "baseline_trtllm", "spec_draft",
-                     "spec_draft_target_trtllm", "spec_draft_draft_trtllm", "spec_medusa", "spec_medusa_trtllm",
-                     "spec_eagle", "spec_eagle_trtllm"]
+    assert names == ["preprocessing", "postprocessing", "baseline", "target_trtllm", "spec_draft", "draft_trtllm",
+                     "spec_medusa", "spec_medusa_trtllm", "spec_eagle", "spec_eagle_trtllm"]
     by_name = {m.name: m for m in models}
     for m in models:
         missing = set(be.MANDATORY[m.template]) - set(m.params)
@@ -313,16 +359,21 @@ def test_template_parameters_are_complete(kit, backend_root, tmp_path):
     assert by_name["spec_medusa_trtllm"].params["medusa_choices"].count("{") == len(be.filter_tree(be.MC_SIM_7B_63, 3))
     assert by_name["spec_eagle_trtllm"].params["decoding_mode"] == "eagle"
     assert by_name["spec_eagle_trtllm"].params["eagle_choices"].count("{") == 63
-    bls = by_name["spec_draft"].params
-    assert bls["tensorrt_llm_model_name"] == "spec_draft_target_trtllm"
-    assert bls["tensorrt_llm_draft_model_name"] == "spec_draft_draft_trtllm"
-    for name in ("spec_draft_target_trtllm", "spec_draft_draft_trtllm"):  # the BLS calls them non-decoupled
-        assert by_name[name].params["decoupled_mode"] == "False"
+    # spec_draft and baseline: specdec's orchestrator over the models the CPU repository has too
+    spec, base = by_name["spec_draft"], by_name["baseline"]
+    assert spec.template == base.template == "specdec"
+    assert (spec.params["target_model"], spec.params["draft_model"]) == ("target_trtllm", "draft_trtllm")
+    assert (base.params["target_model"], base.params["draft_model"]) == ("target_trtllm", "none")
+    assert spec.params["max_draft_len"] == str(opts.draft_len) and spec.params["tokenizer"] == str(kit / "target")
+    # the target engine takes external drafts up to max_draft_len; baseline shares it
+    assert by_name["target_trtllm"].params["engine_dir"] == str(opts.engines / "target-draft-tokens-external")
+    for name in ("target_trtllm", "draft_trtllm"):  # the orchestrator streams and re-sends prefixes
+        assert by_name[name].params["decoupled_mode"] == "True"
         assert by_name[name].params["enable_kv_cache_reuse"] == "True"
-    for name in ("baseline_trtllm", "spec_medusa_trtllm", "spec_eagle_trtllm"):  # streamed via the ensemble
+    for name in ("spec_medusa_trtllm", "spec_eagle_trtllm"):  # streamed via the ensemble
         assert by_name[name].params["decoupled_mode"] == "True"
     fractions = [float(m.params["kv_cache_free_gpu_mem_fraction"]) for m in models if m.template == "tensorrt_llm"]
-    assert len(fractions) == 5 and sum(fractions) <= 0.9
+    assert len(fractions) == 4 and sum(fractions) <= 0.9
 
 
 def test_fill_values_are_escaped_for_fill_template():
@@ -350,25 +401,86 @@ def test_repository_end_to_end_with_stand_in_templates(kit, backend_root, tmp_pa
         assert "${triton_max_batch_size}" not in text
         configs[folder.name] = text_format.Parse(text, model_config_pb2.ModelConfig())
         assert configs[folder.name].name == folder.name
-    assert set(configs) == {"preprocessing", "postprocessing", "baseline", "baseline_trtllm", "spec_draft",
-                            "spec_draft_target_trtllm", "spec_draft_draft_trtllm", "spec_medusa",
-                            "spec_medusa_trtllm", "spec_eagle", "spec_eagle_trtllm"}
+    assert set(configs) == {"preprocessing", "postprocessing", "baseline", "target_trtllm", "spec_draft",
+                            "draft_trtllm", "spec_medusa", "spec_medusa_trtllm", "spec_eagle", "spec_eagle_trtllm"}
     steps_of = {n: [s.model_name for s in c.ensemble_scheduling.step] for n, c in configs.items() if c.platform}
-    assert steps_of["spec_medusa"] == ["preprocessing", "spec_medusa_trtllm", "postprocessing"]
-    assert steps_of["baseline"] == ["preprocessing", "baseline_trtllm", "postprocessing"]
+    assert steps_of == {"spec_medusa": ["preprocessing", "spec_medusa_trtllm", "postprocessing"],
+                        "spec_eagle": ["preprocessing", "spec_eagle_trtllm", "postprocessing"]}
     for served in ("baseline", "spec_draft", "spec_medusa", "spec_eagle"):  # the client tensor names
         c = configs[served]
         assert {"text_input", "max_tokens", "stream", "temperature", "top_p", "top_k"} <= {i.name for i in c.input}
         assert "text_output" in {o.name for o in c.output}
-    assert "num_draft_tokens" in {i.name for i in configs["spec_draft"].input}
+    for served in ("baseline", "spec_draft"):
+        c = configs[served]
+        assert c.backend == "specdec" and c.model_transaction_policy.decoupled
+        assert c.parameters["target_model"].string_value == "target_trtllm"
+    assert configs["spec_draft"].parameters["draft_model"].string_value == "draft_trtllm"
     medusa = configs["spec_medusa_trtllm"]
     assert medusa.backend == "tensorrtllm" and medusa.model_transaction_policy.decoupled
     assert medusa.parameters["medusa_choices"].string_value == be.choices_string(be.filter_tree(be.MC_SIM_7B_63, 3))
     assert medusa.parameters["engine_dir"].string_value == str(opts.engines / "medusa")
     assert medusa.parameters["lookahead_window_size"].string_value == "${lookahead_window_size}"  # optional: unset
-    assert not configs["spec_draft_target_trtllm"].model_transaction_policy.decoupled
-    assert configs["spec_draft"].parameters["tensorrt_llm_draft_model_name"].string_value == "spec_draft_draft_trtllm"
-    assert configs["spec_draft"].instance_group[0].count == 8
+    for name in ("target_trtllm", "draft_trtllm"):
+        c = configs[name]
+        assert c.model_transaction_policy.decoupled and c.parameters["enable_kv_cache_reuse"].string_value == "True"
+        declared = {i.name: i for i in c.input}
+        assert set(declared) == set(TENSORRT_LLM_INPUTS)  # the real list came through the fill
+        for name_, array in orchestrator_requests():  # what the rounds engine sends, by the real declaration
+            for key, value in array.items():
+                i = declared[key]
+                assert model_config_pb2.DataType.Name(i.data_type) == NP_TO_TRITON[value.dtype.name], (name_, key)
+                assert len(value.shape) == len(i.dims) + 1  # + the batch dimension (max_batch_size > 0)
+
+
+NP_TO_TRITON = {"int32": "TYPE_INT32", "float32": "TYPE_FP32", "uint64": "TYPE_UINT64", "bool": "TYPE_BOOL"}
+
+
+def orchestrator_requests():
+    """The inner requests specdec's rounds engine builds: draft call, greedy and sampled verification
+    (with drafts), streaming target-only generation."""
+    from specdec.core.sampling import SamplingParams
+    from specdec.core.sequence import Sequence
+    from specdec.serving.rounds import RoundsConfig, RoundsEngine
+
+    class Tok:
+        eos_ids = [0]
+
+    engine = RoundsEngine(RoundsConfig(tokenizer="unused"), inner=None, tokenizer=Tok())
+    greedy = Sequence("a", [5, 6, 7], SamplingParams(max_tokens=8), print, tokens=[5, 6, 7])
+    sampled_params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, top_k=20, seed=3, min_tokens=2)
+    sampled = Sequence("b", [5, 6], sampled_params, print, generator=sampled_params.generator(), tokens=[5, 6])
+    return [("draft", engine._inputs(greedy, 4, drafting=True)),
+            ("verify greedy", engine._inputs(greedy, 5, draft=[1, 2, 3, 4])),
+            ("verify sampled", engine._inputs(sampled, 3, draft=[1, 2])),
+            ("baseline", engine._inputs(sampled, 8, streaming=True))]
+
+
+def test_the_orchestrators_requests_use_only_inputs_of_the_real_template():
+    for name, inputs in orchestrator_requests():
+        for key, value in inputs.items():
+            assert key in TENSORRT_LLM_INPUTS, (name, key)
+            assert NP_TO_TRITON[value.dtype.name] == TENSORRT_LLM_INPUTS[key][0], (name, key)
+    names = {key for _, inputs in orchestrator_requests() for key in inputs}
+    assert {"draft_input_ids", "random_seed", "runtime_top_p", "min_length", "streaming"} <= names
+
+
+def test_the_cpu_contract_model_declares_the_real_names_types_and_dims():
+    from specdec.serving.trtllm_contract import INPUTS, OUTPUTS
+
+    squash = lambda dims: dims.replace(" ", "")  # noqa: E731
+    for name, (dtype, dims, _) in INPUTS.items():
+        assert (dtype, squash(dims)) == (TENSORRT_LLM_INPUTS[name][0], squash(TENSORRT_LLM_INPUTS[name][1])), name
+    for name, (dtype, dims) in OUTPUTS.items():
+        assert (dtype, squash(dims)) == (TENSORRT_LLM_OUTPUTS[name][0], squash(TENSORRT_LLM_OUTPUTS[name][1])), name
+
+
+def test_medusa_and_eagle_ensembles_take_the_clients_greedy_request():
+    """specdec client / load tests (greedy) send these to spec_medusa and spec_eagle, the NVIDIA ensemble."""
+    from specdec.serving.client import request_inputs
+
+    sent = request_inputs("def f():", max_tokens=16, stream=True, exclude_input_in_output=True, temperature=0.0,
+                          top_p=1.0, top_k=0)
+    assert set(sent) <= ENSEMBLE_INPUTS
 
 
 def test_per_method_layout(kit, backend_root, tmp_path):

@@ -39,6 +39,7 @@ PINNED_IMAGE = "nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3"
 
 METHODS = ("baseline", "draft", "medusa", "eagle")
 MODEL_NAMES = {"baseline": "baseline", "draft": "spec_draft", "medusa": "spec_medusa", "eagle": "spec_eagle"}
+TARGET_MODEL, DRAFT_MODEL = "target_trtllm", "draft_trtllm"  # the models the orchestrator calls (as on CPU)
 
 # Medusa's default sparse tree (FasterDecoding/Medusa medusa_choices.py, "mc_sim_7b_63"); TensorRT-LLM and
 # our PyTorch engine use it by default too. Paths deeper than the number of heads are dropped.
@@ -61,7 +62,7 @@ MANDATORY = {
     "tensorrt_llm": ("triton_backend", "triton_max_batch_size", "decoupled_mode", "max_queue_delay_microseconds",
                      "max_queue_size", "engine_dir", "batching_strategy", "encoder_input_features_data_type",
                      "logits_datatype"),
-    "tensorrt_llm_bls": ("triton_max_batch_size", "decoupled_mode", "bls_instance_count", "logits_datatype"),
+    "specdec": ("tokenizer", "target_model", "draft_model", "max_draft_len"),  # written by specdec, no template
 }
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
@@ -88,7 +89,7 @@ class TritonModel:
     """One model directory of the repository, made from a tensorrtllm_backend template."""
 
     name: str
-    template: str  # ensemble | preprocessing | postprocessing | tensorrt_llm | tensorrt_llm_bls
+    template: str  # ensemble | preprocessing | postprocessing | tensorrt_llm | specdec (our orchestrator)
     params: dict[str, str]
     step_renames: dict[str, str] = field(default_factory=dict)  # ensemble step model_name old -> new
 
@@ -364,7 +365,7 @@ def engine_steps(opts: Options) -> list[Step]:
         steps.append(Step("convert target", (py, str(convert), "--model_dir", str(target), "--output_dir",
                                              str(target_ckpt), "--dtype", opts.dtype),
                           cwd=str(convert.parent), creates=str(target_ckpt / "config.json")))
-    if "baseline" in opts.methods:
+    if "baseline" in opts.methods and "draft" not in opts.methods:  # else baseline shares target_trtllm
         engine = opts.engines / "target"
         steps.append(Step("build target engine", trtllm_build(opts, target_ckpt, engine, max_seq, max_input),
                           creates=str(engine / "config.json")))
@@ -451,14 +452,24 @@ def ensemble(opts: Options, name: str, llm: str) -> TritonModel:
                        {"tensorrt_llm": llm})
 
 
+def orchestrator(opts: Options, name: str, draft_model: str | None) -> TritonModel:
+    """A model of specdec's own decoupled backend: its rounds engine calls target_trtllm (and
+    draft_trtllm) through BLS, streaming every round; the request interface is specdec's."""
+    return TritonModel(name, "specdec", {
+        "tokenizer": str(opts.target), "target_model": TARGET_MODEL, "draft_model": draft_model or "none",
+        "max_draft_len": str(opts.draft_len), "max_batch": str(opts.max_batch), "policy": "adaptive"})
+
+
 def method_models(opts: Options, method: str, fraction: float) -> list[TritonModel]:
     """The Triton models one method needs, besides the shared preprocessing/postprocessing."""
     name = MODEL_NAMES[method]
     e = opts.engines
+    # baseline and spec_draft share one target engine, built for external draft tokens when spec_draft
+    # is built; decoupled (the orchestrator streams baseline), KV block reuse for the re-sent prefixes
+    target_engine = e / ("target-draft-tokens-external" if "draft" in opts.methods else "target")
+    target = TritonModel(TARGET_MODEL, "tensorrt_llm", trtllm_params(opts, target_engine, fraction, True, reuse=True))
     if method == "baseline":
-        llm = f"{name}_trtllm"
-        return [ensemble(opts, name, llm),
-                TritonModel(llm, "tensorrt_llm", trtllm_params(opts, e / "target", fraction, True))]
+        return [orchestrator(opts, name, None), target]
     if method == "medusa":
         tree, _ = medusa_tree(opts)
         llm = f"{name}_trtllm"
@@ -472,17 +483,8 @@ def method_models(opts: Options, method: str, fraction: float) -> list[TritonMod
                     opts, e / "eagle", fraction, True, decoding_mode="eagle",
                     eagle_choices=choices_string(eagle_tree(opts))))]
     if method == "draft":
-        # tensorrt_llm_bls drives draft -> target rounds; it calls both models non-decoupled, with KV reuse
-        # (as in TensorRT-LLM's draft-target README for 0.18).
-        target, draft = f"{name}_target_trtllm", f"{name}_draft_trtllm"
-        bls = {"triton_max_batch_size": str(opts.max_batch), "decoupled_mode": "False",
-               "bls_instance_count": str(opts.max_batch), "accumulate_tokens": "False",
-               "tensorrt_llm_model_name": target, "tensorrt_llm_draft_model_name": draft,
-               "logits_datatype": "TYPE_FP32", "prompt_embedding_table_data_type": "TYPE_FP16"}
-        return [TritonModel(name, "tensorrt_llm_bls", bls),
-                TritonModel(target, "tensorrt_llm", trtllm_params(
-                    opts, e / "target-draft-tokens-external", fraction, False, reuse=True)),
-                TritonModel(draft, "tensorrt_llm", trtllm_params(opts, e / "draft", fraction, False, reuse=True))]
+        return [orchestrator(opts, name, DRAFT_MODEL), target,
+                TritonModel(DRAFT_MODEL, "tensorrt_llm", trtllm_params(opts, e / "draft", fraction, True, reuse=True))]
     raise PlanError(f"unknown method {method!r}")
 
 
@@ -501,19 +503,22 @@ def shared_models(opts: Options) -> list[TritonModel]:
 def repositories(opts: Options) -> dict[Path, list[TritonModel]]:
     """Repository folder -> its models. `single`: one repository serving every method (the A/B setup of
     the PyTorch repository); `per-method`: one repository per method, each loaded alone."""
-    def count(methods):
-        return sum(2 if m == "draft" else 1 for m in methods)
+    def count(methods):  # engines loaded: baseline and spec_draft share the target's
+        return len({"target" if m in ("baseline", "draft") else m for m in methods}) + ("draft" in methods)
+
+    def unique(models):
+        return list({m.name: m for m in models}.values())
 
     if opts.layout == "single":
         fraction = opts.kv_fraction or round(0.85 / count(opts.methods), 3)
         models = shared_models(opts)
         for m in opts.methods:
             models += method_models(opts, m, fraction)
-        return {opts.repository: models}
+        return {opts.repository: unique(models)}
     repos = {}
     for m in opts.methods:
         fraction = opts.kv_fraction or round(0.85 / count([m]), 3)
-        repos[opts.repository / MODEL_NAMES[m]] = shared_models(opts) + method_models(opts, m, fraction)
+        repos[opts.repository / MODEL_NAMES[m]] = unique(shared_models(opts) + method_models(opts, m, fraction))
     return repos
 
 
@@ -540,6 +545,11 @@ def repository_steps(opts: Options) -> list[Step]:
     for repo, models in repositories(opts).items():
         for model in models:
             dst = repo / model.name
+            if model.template == "specdec":
+                steps.append(Step(f"{model.name}: write the specdec orchestrator config",
+                                  helper(opts, "_specdec-model", str(dst), model.name, json.dumps(model.params)),
+                                  params=tuple(model.params.items())))
+                continue
             renames = [f"{a}={b}" for a, b in model.step_renames.items()]
             steps.append(Step(f"{model.name}: copy {model.template} template",
                               helper(opts, "_copy-model", str(templates / model.template), str(dst), model.name,
@@ -674,9 +684,9 @@ def verify_repository(repo: Path) -> list[str]:
         for step in re.findall(r'model_name:\s*"([^"]*)"', text):
             if step not in names:
                 problems.append(f"{model}: ensemble step calls {step!r}, which is not in the repository")
-        for key in ("tensorrt_llm_model_name", "tensorrt_llm_draft_model_name"):
+        for key in ("tensorrt_llm_model_name", "tensorrt_llm_draft_model_name", "target_model", "draft_model"):
             m = re.search(rf'key:\s*"{key}"\s*value:\s*{{\s*string_value:\s*"([^"]*)"', text)
-            if m and not m.group(1).startswith("${") and m.group(1) not in names:
+            if m and not m.group(1).startswith("${") and m.group(1) != "none" and m.group(1) not in names:
                 problems.append(f"{model}: {key} {m.group(1)!r} is not in the repository")
         problems += parse_problems(model, text)
     return problems
@@ -696,7 +706,17 @@ def parse_problems(model: str, text: str) -> list[str]:
     return []
 
 
+def specdec_model(dst: Path, name: str, params: dict[str, str]) -> None:
+    """Write a specdec-backend model folder (specdec from this checkout: backends/ on the path)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends"))
+    from specdec.serving.repository import config_pbtxt  # noqa: PLC0415
+
+    (dst / "1").mkdir(parents=True, exist_ok=True)
+    (dst / "config.pbtxt").write_text(config_pbtxt(name, params))
+
+
 HELPERS = {
+    "_specdec-model": lambda a: specdec_model(Path(a[0]), a[1], json.loads(a[2])),
     "_untie": lambda a: untie(Path(a[0]), Path(a[1])),
     "_prepare-eagle": lambda a: prepare_eagle(Path(a[0]), Path(a[1]), Path(a[2])),
     "_medusa-pt": lambda a: medusa_pt(Path(a[0]), Path(a[1])),

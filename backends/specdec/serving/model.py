@@ -30,6 +30,7 @@ from specdec.serving import control
 from specdec.serving.config import backend_options, engine_config, placed
 from specdec.serving.metrics import Metrics, RequestTimer
 from specdec.serving.request import ParsedRequest, parse
+from specdec.serving.rounds import build_rounds_engine, is_rounds
 
 WATCH_INTERVAL_S = 0.05
 DRAINING = "the server is draining (shutting down) and admits no new requests; retry on another replica"
@@ -151,10 +152,14 @@ class TritonPythonModel:
             raise ConfigurationError(f"{self.name}: the specdec backend needs model_transaction_policy "
                                      "{ decoupled: true }")
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.config = placed(engine_config(parameters, args["model_repository"]),
-                             args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
-        self.stream_interval = backend_options(parameters).stream_interval
-        self.engine = build_engine(self.config)
+        if is_rounds(parameters):  # draft-then-verify over inner tensorrt_llm-contract models (BLS)
+            self.config, self.engine = build_rounds_engine(parameters, args["model_repository"], pb_utils)
+            self.stream_interval = self.config.stream_interval
+        else:
+            self.config = placed(engine_config(parameters, args["model_repository"]),
+                                 args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
+            self.stream_interval = backend_options(parameters).stream_interval
+            self.engine = build_engine(self.config)
         self.metrics = Metrics(pb_utils, self.name, self.engine)
         self.ids = itertools.count()
         self.active: dict[int, Stream] = {}

@@ -122,6 +122,14 @@ def _path(folder: str | Path, model_dir: Path, absolute: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec.serving.trtllm_repository import RUNTIMES, main as contract_main, split_runtime
+
+    runtime, argv = split_runtime(sys.argv[1:] if argv is None else argv)
+    if runtime not in RUNTIMES:
+        print(f"error: --runtime {runtime!r}: choose {' or '.join(RUNTIMES)}", file=sys.stderr)
+        return 2
+    if runtime == "trtllm-contract":
+        return contract_main(argv)
     ap = argparse.ArgumentParser(prog="specdec build-repo",
                                  description="Write a Triton model repository (one model per method) for HF checkpoints.")
     ap.add_argument("--target", required=True, help="target model folder (HF layout)")

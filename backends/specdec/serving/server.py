@@ -396,8 +396,11 @@ def check_checkpoints(repo: Path, models: list[str]) -> None:
     """Fail early, naming the folder, when a model's checkpoints are missing (e.g. no demo kit yet)."""
     from specdec.core.errors import ConfigurationError
     from specdec.serving.config import engine_config_for
+    from specdec.serving.trtllm_repository import is_engine_model
 
     for model in models:
+        if not is_engine_model(repo / model):  # contract models and BLS orchestrators load no engine here
+            continue
         try:
             cfg = engine_config_for(repo / model)
         except ConfigurationError as exc:

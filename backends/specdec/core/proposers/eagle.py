@@ -47,7 +47,7 @@ class EagleProposer:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}
-        self.pending: dict[int, Tensor] = {}
+        self.pending: dict[int, list[Tensor]] = {}  # feature blocks, joined once at catch-up
 
     def depth_for(self, k: int) -> int:
         k = min(k, self.max_k)
@@ -61,11 +61,12 @@ class EagleProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
-            self.fed[s.slot], self.pending[s.slot] = 0, f
+            self.fed[s.slot], self.pending[s.slot] = 0, [f]
 
     def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
-        # rounds without a proposal leave their pairs pending too: append, never replace
-        self.pending[seq.slot] = torch.cat([self.pending[seq.slot], features])
+        # rounds without a proposal leave their pairs pending too: append, never replace (a list:
+        # joining a growing tensor every round of a long pause cost O(pause) per round)
+        self.pending[seq.slot].append(features)
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
@@ -78,7 +79,7 @@ class EagleProposer:
         """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
         device = self.head.fc.weight.device
         starts = [self.fed[s.slot] for s in seqs]
-        feats = [self.pending[s.slot] for s in seqs]
+        feats = [torch.cat(self.pending[s.slot]) for s in seqs]
         tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
@@ -87,7 +88,7 @@ class EagleProposer:
                         lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
-            self.pending[s.slot] = f[:0]
+            self.pending[s.slot] = []
         return out[torch.arange(len(seqs)), torch.tensor([len(f) - 1 for f in feats])]
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
