@@ -42,6 +42,14 @@ class ServerError(RuntimeError):
     pass
 
 
+class ServerExited(ServerError):
+    """tritonserver exited on its own before it was ready."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 def pytriton_root() -> Path:
     try:
         import pytriton
@@ -152,6 +160,7 @@ class TritonServer:
         self.backend_dir = Path(backend_dir) if backend_dir else None
         self.log_path = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         self.control_dir = Path(control_dir) if control_dir else None  # control.py: drain and restart counts
+        self.shm_prefix = f"specdec{os.getpid()}_{grpc_port}_"
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -178,7 +187,7 @@ class TritonServer:
             "--model-control-mode=explicit", *[f"--load-model={m}" for m in self.models],
             "--strict-readiness=true",
             # a unique shared-memory prefix: several servers (tests, a user's serve) may run at once
-            f"--backend-config=python,shm-region-prefix-name=specdec{os.getpid()}_{self.grpc_port}_",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--log-verbose=1" if self.verbose else "--log-verbose=0",
             *self.extra_args,
         ]
@@ -207,8 +216,8 @@ class TritonServer:
         pending = list(self.models)
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.proc.returncode} before it was ready:\n"
-                                  f"{self.log_tail()}")
+                raise ServerExited(f"tritonserver exited with code {self.proc.returncode} before it was ready:\n"
+                                   f"{self.log_tail()}", self.proc.returncode)
             pending = [m for m in pending if not _ok(f"http://{self.http_url}/v2/models/{m}/ready")]
             if not pending and _ok(f"http://{self.http_url}/v2/health/ready"):
                 return
@@ -264,6 +273,8 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):  # a killed server leaves its regions
+            region.unlink(missing_ok=True)
         return self.proc.returncode
 
     def __enter__(self) -> "TritonServer":
@@ -323,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             console.say(f"starting tritonserver with {', '.join(server.models)} (log: {server.log_path}) ...")
             t0 = time.monotonic()
-            server.start(args.timeout)
+            supervisor.start()
             starting[0] = False
             console.say(
                 f"ready in {time.monotonic() - t0:.0f} s\n"
@@ -414,5 +425,7 @@ def port_free(port: int) -> bool:
             return False
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m: run the imported module's main, so that the supervisor's
+    from specdec.serving.server import main as imported_main  # ServerError is the one main catches
+
+    sys.exit(imported_main())
