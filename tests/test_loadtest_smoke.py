@@ -1,7 +1,8 @@
 """Smoke load matrix, end to end: real tritonserver, real Locust (headless subprocesses), tiny
-checkpoints. The report's figures must be consistent with what was streamed: every cell's tokens
-equal the server's generation counter and Locust's own accounting, the figures recompute from the
-raw samples, and every ratio is figure / baseline figure from the same run."""
+checkpoints. The report's figures must be consistent with what was streamed: every model's tokens
+equal the server's generation counter and Locust's own accounting, trials interleave and never
+overlap, the figures recompute from the raw samples per trial, every interval comes from the
+per-round paired ratios, and an A/A run (the baseline under two names) reports no difference."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import requests
 
 from specdec.tools.loadtest import stats
-from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, run_cell
+from specdec.tools.loadtest.intervals import paired_ratio
+from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, run_level
 from specdec.tools.loadtest.workload import Workload, write_prompts
 from specdec.serving.repository import write_repository
 from specdec.serving.server import TritonServer, free_port
@@ -42,60 +44,98 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
     out = tmp_path / "report"
     rc = loadtest_main([
         "--grpc-url", served.grpc_url, "--http-url", served.http_url, "--metrics-url", served.metrics_url,
-        "--models", "baseline,spec_draft", "--concurrency", "1,2", "--duration", "3", "--warmup", "1",
-        "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
+        "--models", "baseline,spec_draft", "--concurrency", "1,2", "--rounds", "2", "--duration", "1.5",
+        "--warmup", "0.5", "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
-    assert (out / "report.md").read_text().startswith("# Load matrix report")
-    assert len(report["plots"]) == 4 and all((out / p).stat().st_size > 10_000 for p in report["plots"])
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Load matrix report") and "Foreign load:" in md and "## Verdict" in md
+    assert len(report["plots"]) == 5 and all((out / p).stat().st_size > 10_000 for p in report["plots"])
     assert len(report["cells"]) == 4
 
     by = {(c["model"], c["concurrency"]): c for c in report["cells"]}
+    for level in (1, 2):
+        trials = stats.load_samples(out / by[("baseline", level)]["trials_file"])
+        # two rounds, the order rotated; one trial ends (requests drained) before the next starts
+        assert [(t["model"], t["round"]) for t in trials] == [("baseline", 0), ("spec_draft", 0),
+                                                            ("spec_draft", 1), ("baseline", 1)]
+        for a, b in zip(trials, trials[1:]):
+            assert a["start"] < a["w0"] < a["w1"] <= a["end"] <= b["start"]
+        samples = stats.load_samples(out / by[("baseline", level)]["samples"])
+        for s in samples:  # each request started and ended inside its own trial
+            t = trials[s["trial"]]
+            assert s["model"] == t["model"] and t["start"] <= s["start"] and s["start"] + s["e2e"] <= t["end"] + 0.05
     for c in report["cells"]:
         f = c["figures"]
-        samples = stats.load_samples(out / c["samples"])
+        samples = [s for s in stats.load_samples(out / c["samples"]) if s["model"] == c["model"]]
         assert samples and f["locust_exit_code"] == 0
         for s in samples:  # what each user counted, response by response
-            assert s["error"] is None and s["model"] == c["model"]
+            assert s["error"] is None
             assert sum(n for _, n in s["chunks"]) == s["tokens"] <= MAX_TOKENS
             if s["finish_reason"] == "length":
                 assert s["tokens"] == MAX_TOKENS
         # the users' token count equals the server's generation counter and Locust's own statistics
         streamed = sum(s["tokens"] for s in samples)
         assert f["client_output_tokens_all"] == streamed == f["server_output_tokens"]
-        assert f["tokens_match_server"] is True
+        assert f["tokens_match_server"] is True and f["abandoned_requests"] == 0
         assert f["cell_requests_all"] == len(samples) == f["server_requests"]
         locust = json.loads((out / (c["samples"] + ".locust.json")).read_text())[c["model"]]
         assert locust == {"requests": len(samples), "failures": 0, "content_length": streamed}
-        # the figures recompute from the raw samples and the recorded window
-        w0 = min(s["start"] for s in samples) + report["setup"]["warmup_s"]
-        again = stats.figures(samples, w0, w0 + report["setup"]["duration_s"])
-        for key, value in again.items():
-            assert f[key] == value, key
-        assert f["output_tokens"] == sum(s["tokens"] for s in samples if w0 <= s["start"] < w0 + 3.0)
-        assert f["requests"] > 0 and f["output_tokens_per_s"] > 0
-        # ratios: this figure over the baseline's at the same load, same run
-        base = by[("baseline", c["concurrency"])]["figures"]
-        for key, r in c["ratios"].items():
-            assert r == stats.ratio(f.get(key), base.get(key)), key
+        # per trial: the figures recompute from that trial's samples and window; CPU figures are there
+        assert len(c["trials"]) == 2
+        for t in c["trials"]:
+            raw = next(x for x in stats.load_samples(out / c["trials_file"]) if x["trial"] == t["trial"])
+            again = stats.figures([s for s in samples if s["trial"] == t["trial"]], [(raw["w0"], raw["w1"])])
+            for key, value in again.items():
+                assert t["figures"][key] == value, key
+            assert t["figures"]["requests"] > 0 and t["figures"]["output_tokens_per_s"] > 0
+            assert t["cpu"]["busy_cores"] >= t["cpu"]["ours_cores"] * 0.5 and t["cpu"]["model_cpu_s"] > 0
+            assert t["figures"]["cpu_ms_per_token"] > 0 and t["figures"]["rss_mb"] > 50
+        # the pooled figures recompute from every trial's window
+        windows = [(x["w0"], x["w1"]) for x in stats.load_samples(out / c["trials_file"]) if x["model"] == c["model"]]
+        assert f["output_tokens_in_window"] == stats.figures(samples, windows)["output_tokens_in_window"]
+        # intervals: the paired per-round ratios to the baseline at the same load
+        base = by[("baseline", c["concurrency"])]
+        for key in ("tpot_p50", "output_tokens_per_s", "ttft_p95"):
+            mine = {t["round"]: t["figures"][key] for t in c["trials"]}
+            theirs = {t["round"]: t["figures"][key] for t in base["trials"]}
+            assert c["ratios"][key] == paired_ratio([mine[r] for r in (0, 1)], [theirs[r] for r in (0, 1)]).to_dict()
         if c["model"] == "spec_draft":
             assert f["acceptance_rate"] == 1.0 and f["mean_accepted_length"] > 1.5
             assert f["acceptance_per_position"] and f["acceptance_per_position"][0] == 1.0
         else:
             assert f["draft_tokens"] == 0 and f["mean_accepted_length"] is None
-        assert f["rss_mb"] and f["rss_mb"] > 50
+            assert c["ratios"]["tpot_p50"]["value"] == 1.0
     [verdict] = report["verdicts"]
     assert verdict["model"] == "spec_draft" and verdict["verdict"] and verdict["reason"]
     assert [lv["concurrency"] for lv in verdict["levels"]] == [1, 2]
-    assert "## Verdict" in (out / "report.md").read_text()
+    assert report["noise"]["trials"] == 8
+
+
+def test_aa_run_reports_no_difference(served, tmp_path):
+    """`--aa` serves the baseline under a second name (its own tritonserver, started by the command):
+    the two must show no difference, the copy gets no method verdict, and the folder is removed."""
+    out = tmp_path / "aa"
+    rc = loadtest_main(["--model-repository", str(served.model_repository), "--aa", "--models", "baseline",
+                        "--concurrency", "1,2", "--rounds", "3", "--duration", "1", "--warmup", "0.3",
+                        "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["setup"]["models"] == ["baseline", "baseline_aa"] and report["verdicts"] == []
+    aa = report["aa_check"]
+    assert aa["passed"], aa
+    assert [(lv["concurrency"], lv["result"]) for lv in aa["levels"]] == [(1, "no difference"), (2, "no difference")]
+    assert "A/A check passed" in (out / "report.md").read_text()
+    assert not (served.model_repository / "baseline_aa").exists()
 
 
 def test_http_sse_user_counts_the_same_tokens(served, tmp_path):
     cfg = MatrixConfig(models=["spec_draft"], protocol="http", grpc_url=served.grpc_url, http_url=served.http_url,
-                       metrics_url=served.metrics_url, duration_s=2, warmup_s=0.5)
+                       metrics_url=served.metrics_url, rounds=1, duration_s=1.5, warmup_s=0.5)
     prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n", "class Point:\n"])
-    f = run_cell(cfg, "spec_draft", 2, Workload(max_tokens=12, sampling="t0.7"), prompts, tmp_path / "cell")
-    samples = stats.load_samples(tmp_path / "cell" / "samples.jsonl")
+    [cell] = run_level(cfg, ["spec_draft"], 2, Workload(max_tokens=12, sampling="t0.7"), prompts, tmp_path / "level")
+    f = cell["figures"]
+    samples = stats.load_samples(tmp_path / "level" / "samples.jsonl")
     assert samples and all(s["protocol"] == "http" and s["error"] is None for s in samples)
     assert f["client_output_tokens_all"] == f["server_output_tokens"] == sum(s["tokens"] for s in samples)
     assert f["requests"] > 0 and f["ttft_p50"] is not None and f["itl_p95"] is not None
@@ -116,8 +156,8 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     before = scrape(served.metrics_url)
     rc = loadtest_main([
         "--grpc-url", served.grpc_url, "--http-url", served.http_url, "--metrics-url", served.metrics_url,
-        "--models", "canary", "--concurrency", "2", "--duration", "2", "--warmup", "0.5", "--max-tokens", "10",
-        "--prompts", "4", "--workers", "1", "--out", str(out)])
+        "--models", "canary", "--concurrency", "2", "--rounds", "2", "--duration", "1.5", "--warmup", "0.5",
+        "--max-tokens", "10", "--prompts", "4", "--workers", "1", "--out", str(out)])
     after = scrape(served.metrics_url)
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
@@ -141,7 +181,8 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     assert seen == served_count and generated == sum(s["tokens"] for s in samples), (
         seen, served_count, generated, sum(s["tokens"] for s in samples))
     split = {c["model"]: c for c in report["canary_cells"]}
-    assert set(split) == {"baseline", "spec_draft"} and split["baseline"]["ratios"]["tpot_p50"] == 1.0
+    assert set(split) == {"baseline", "spec_draft"} and split["baseline"]["ratios"]["tpot_p50"]["value"] == 1.0
+    assert len(split["spec_draft"]["trials"]) == 2  # both halves of each trial, paired by round
     assert split["spec_draft"]["figures"]["acceptance_rate"] == 1.0
     [verdict] = report["canary_verdicts"]
     assert verdict["model"] == "spec_draft" and verdict["verdict"]

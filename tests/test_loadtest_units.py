@@ -1,13 +1,18 @@
-"""Unit tests for the load-test figures and the guardrail verdicts, on synthetic inputs."""
+"""Unit tests for the load-test figures, the intervals and the guardrail verdicts, on synthetic inputs."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
-from specdec.tools.loadtest import stats
-from specdec.tools.loadtest.guardrails import Guardrails, Rule, decide, load_guardrails, parse_guardrails, verdicts
 from specdec.paths import GUARDRAILS
-from specdec.tools.loadtest.matrix import add_ratios
+from specdec.tools.loadtest import stats
+from specdec.tools.loadtest.guardrails import (Guardrails, Rule, aa_check, decide, load_guardrails, parse_guardrails,
+                                               verdicts)
+from specdec.tools.loadtest.intervals import mean_interval, paired_ratio, rounds_to_clear, t_quantile
+from specdec.tools.loadtest.matrix import add_intervals, trial_plan
 from specdec.tools.loadtest.workload import Workload, workloads
 
 
@@ -43,9 +48,7 @@ def test_figures_count_the_window_only():
         sample(103.0, [(0.1, 0)], error="boom"),
         sample(105.5, [(0.1, 1), (1.0, 1)]),                 # ends after the window
     ]
-    w0, w1 = stats.window(samples, warmup_s=1.0, duration_s=5.0)
-    assert (w0, w1) == (101.0, 106.0)
-    f = stats.figures(samples, w0, w1)
+    f = stats.figures(samples, [(101.0, 106.0)])
     assert f["requests"] == 4 and f["errors"] == 1 and f["error_rate"] == 0.25
     assert f["output_tokens"] == 4 + 2 + 2                    # requests sent in the window, no errors
     assert f["output_tokens_in_window"] == 1 + 4 + 2 + 1      # token arrivals in [101, 106)
@@ -57,15 +60,130 @@ def test_figures_count_the_window_only():
     assert f["tokens_per_response"] == pytest.approx((3 + 1 + 1) / (2 + 1 + 1))
 
 
-def test_ratios_come_from_the_same_workload_and_load():
-    cells = [{"workload": "w", "concurrency": c, "model": m, "figures": {"itl_p50": v, "output_tokens_per_s": t}}
-             for c, m, v, t in [(1, "baseline", 0.02, 100.0), (1, "spec", 0.01, 180.0),
-                                (4, "baseline", 0.04, 300.0), (4, "spec", 0.05, 270.0)]]
-    add_ratios(cells, "baseline")
-    spec = {c["concurrency"]: c["ratios"] for c in cells if c["model"] == "spec"}
-    assert spec[1]["itl_p50"] == pytest.approx(0.5) and spec[1]["output_tokens_per_s"] == pytest.approx(1.8)
-    assert spec[4]["itl_p50"] == pytest.approx(1.25) and spec[4]["output_tokens_per_s"] == pytest.approx(0.9)
-    assert stats.ratio(0.0, 0.0) == 1.0 and stats.ratio(1.0, 0.0) is None and stats.ratio(None, 1.0) is None
+def test_figures_pool_several_windows():
+    samples = [sample(100.0, [(0.5, 2)]), sample(103.0, [(0.5, 2)]), sample(110.0, [(0.5, 3)])]
+    f = stats.figures(samples, [(100.0, 101.0), (110.0, 112.0)])
+    assert f["requests"] == 2 and f["output_tokens_in_window"] == 5 and f["window_s"] == 3.0
+    assert f["output_tokens_per_s"] == pytest.approx(5 / 3)
+
+
+# ---- intervals ------------------------------------------------------------------------------------------------
+def test_t_quantiles_match_the_tables():
+    for p, df, table in [(0.95, 1, 6.3138), (0.95, 2, 2.9200), (0.975, 4, 2.7764), (0.95, 30, 1.6973),
+                         (0.995, 3, 5.8409)]:
+        assert t_quantile(p, df) == pytest.approx(table, abs=1e-4)
+    assert t_quantile(0.05, 2) == pytest.approx(-2.9200, abs=1e-4)
+
+
+def test_paired_ratio_interval():
+    iv = paired_ratio([1.1, 1.2, 1.05, 1.15, None], [1.0, 1.0, 1.0, 1.0, 1.0])
+    logs = [math.log(x) for x in (1.1, 1.2, 1.05, 1.15)]
+    mean = sum(logs) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 3)
+    assert iv.n == 4 and iv.value == pytest.approx(math.exp(mean))
+    assert iv.lo == pytest.approx(math.exp(mean - t_quantile(0.95, 3) * sd / 2))
+    assert iv.hi == pytest.approx(math.exp(mean + t_quantile(0.95, 3) * sd / 2))
+    assert iv.above(1.0) and not iv.above(1.1)
+    one = paired_ratio([2.0], [1.0])  # one round says nothing about its spread
+    assert one.value == 2.0 and (one.lo, one.hi) == (0.0, math.inf) and not one.above(1.0)
+    assert paired_ratio([0.0, 0.0], [1.0, 2.0]).hi == 0.0  # e.g. ITL p50 when tokens come several at a time
+    assert paired_ratio([None], [1.0]) is None
+    m = mean_interval([0.0, 0.0, 0.0])
+    assert (m.lo, m.hi, m.kind) == (0.0, 0.0, "mean")
+
+
+def test_rounds_to_clear_is_where_the_interval_would_clear():
+    iv = paired_ratio([0.90, 0.97, 0.85, 0.93], [1.0] * 4)
+    assert iv.lo < 0.95 < iv.hi
+    n = rounds_to_clear(iv, 0.95)
+    p = 1 - (1 - iv.confidence) / 2
+    gap = math.log(0.95) - math.log(iv.value)
+    assert t_quantile(p, n - 1) * iv.sd / math.sqrt(n) < gap <= t_quantile(p, n - 2) * iv.sd / math.sqrt(n - 1)
+    assert rounds_to_clear(paired_ratio([0.95, 0.95 * 1.01, 0.95 / 1.01], [1.0] * 3), 0.95) is None  # on the line
+
+
+# ---- synthetic trials -> intervals -> verdicts ----------------------------------------------------------------
+def simulate(rng: random.Random, rounds: int, gain: float, noise: float = 0.10, machine: float = 0.3) -> list[dict]:
+    """Cells of one load level with `rounds` interleaved trials of baseline and spec: each round has
+    its own machine speed (shared by both models: a slow period) and each trial its own noise."""
+    cells = {m: {"workload": "w", "concurrency": 1, "model": m, "figures": {"requests": 10}, "trials": []}
+             for m in ("baseline", "spec")}
+    for r in range(rounds):
+        speed = math.exp(rng.gauss(0, machine))
+        for m, factor in (("baseline", 1.0), ("spec", gain)):
+            tpot = 0.010 * speed * math.exp(rng.gauss(0, noise)) / factor
+            cells[m]["trials"].append({"round": r, "figures": {
+                "tpot_p50": tpot, "output_tokens_per_s": 8 / tpot, "error_rate": 0.0, "acceptance_rate": 0.7,
+                "ttft_p95": 0.05 * speed * math.exp(rng.gauss(0, noise)),  # no gain there, independent noise
+                "itl_p95": 0.02 * speed * math.exp(rng.gauss(0, noise))}})
+    cells = list(cells.values())
+    add_intervals(cells, "baseline")
+    return cells
+
+
+SHIPPED_LIKE = Guardrails(improve=Rule("tpot_p50", ratio_max=0.95), rollback=[
+    Rule("output_tokens_per_s", ratio_min=0.95), Rule("error_rate", max=0.01), Rule("acceptance_rate", min=0.2)])
+
+
+def test_a_true_gain_is_kept_with_enough_rounds_and_inconclusive_with_five():
+    """A true 10% gain (TPOT 0.91x, threshold 0.95x) with 10% noise per trial and large slow periods."""
+    [v] = verdicts(simulate(random.Random(1), 250, 1.10), SHIPPED_LIKE)
+    assert v["verdict"] == "keep", v
+    [v] = verdicts(simulate(random.Random(1), 5, 1.10), SHIPPED_LIKE)
+    assert v["verdict"] == "inconclusive", v
+    assert "rounds in all would likely decide it (5 ran)" in v["reason"]
+    needed = v["levels"][0]["rounds"]
+    assert 5 < needed < 200
+    kept = sum(verdicts(simulate(random.Random(s), 5, 1.10), SHIPPED_LIKE)[0]["verdict"] == "keep" for s in range(200))
+    assert kept < 200 * 0.25  # five rounds rarely suffice at this noise
+    kept = sum(verdicts(simulate(random.Random(s), 250, 1.10), SHIPPED_LIKE)[0]["verdict"] == "keep" for s in range(100))
+    assert kept > 90
+
+
+def test_identical_distributions_keep_or_roll_back_at_the_stated_error_rate():
+    """Thresholds at the truth (1.0x): any keep or roll back of identical models is an error, and each
+    side may happen at most (1 - confidence) / 2 = 5% of the time (seeded, 2000 runs of 5 rounds)."""
+    g = Guardrails(improve=Rule("tpot_p50", ratio_max=1.0))
+    runs = 2000
+    results = [verdicts(simulate(random.Random(s), 5, 1.0), g)[0]["verdict"] for s in range(runs)]
+    for verdict in ("keep", "roll back"):
+        rate = results.count(verdict) / runs
+        assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), (verdict, rate)  # 3 sigma over the stated rate
+    assert results.count("inconclusive") / runs >= 0.88
+    # three bounds at the truth, any of which fails the level: the family-wise intervals keep "roll
+    # back" at the stated rate (per-bound 90% intervals would roll back ~14% of the time)
+    g3 = Guardrails(improve=Rule("tpot_p50", ratio_max=1.0), rollback=[Rule("ttft_p95", ratio_max=1.0),
+                                                                       Rule("itl_p95", ratio_max=1.0)])
+    same = [verdicts(simulate(random.Random(s), 5, 1.0), g3)[0]["verdict"] for s in range(1000)]
+    assert same.count("roll back") / 1000 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 1000), same.count("roll back")
+    # with the shipped-like thresholds (5% margins) identical models pass as a gain far more rarely
+    kept = sum(verdicts(simulate(random.Random(s), 5, 1.0), SHIPPED_LIKE)[0]["verdict"] == "keep" for s in range(300))
+    assert kept <= 3
+
+
+def test_pairing_by_round_cancels_slow_periods():
+    """Huge slow periods (machine noise 0.5) with little trial noise: paired ratios still decide."""
+    [v] = verdicts(simulate(random.Random(3), 5, 1.3, noise=0.02, machine=0.5), SHIPPED_LIKE)
+    assert v["verdict"] == "keep", v
+
+
+def test_aa_check_on_identical_and_different_copies():
+    def cells(gain, seed):
+        cs = simulate(random.Random(seed), 5, gain, noise=0.03)
+        for c in cs:
+            c["model"] = "baseline_aa" if c["model"] == "spec" else c["model"]
+        add_intervals(cs, "baseline")
+        return cs
+    assert sum(not aa_check(cells(1.0, s), "baseline_aa")["passed"] for s in range(200)) <= 2
+    bad = aa_check(cells(1.25, 0), "baseline_aa")
+    assert not bad["passed"] and bad["levels"][0]["result"] == "difference"
+    assert any(d.startswith("tpot_p50") for d in bad["levels"][0]["differences"])
+
+
+def test_trial_plan_rotates_the_order():
+    plan = trial_plan(["a", "b", "c"], 4)
+    assert [t["model"] for t in plan] == list("abc" "bca" "cab" "abc")
+    assert [t["round"] for t in plan] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
 
 
 PROM = """# HELP x
@@ -104,29 +222,35 @@ G = Guardrails(baseline="baseline", improve=Rule("tpot_p50", ratio_max=0.95), ro
     Rule("completed_rps", ratio_min=0.95, at="peak"), Rule("error_rate", max=0.01), Rule("acceptance_rate", min=0.2)])
 
 
-def cells_for(rows):
-    """rows: (concurrency, tpot ratio, tokens/s ratio, error rate, acceptance)."""
+def cells_for(rows, spread=0.002):
+    """rows: (concurrency, tpot ratio, tokens/s ratio, error rate, acceptance): three rounds each,
+    the ratios varying by `spread` around the given value."""
     cells = []
     for c, tpot, tps, err, acc in rows:
-        cells.append({"workload": "w", "model": "baseline", "concurrency": c, "figures": {"error_rate": 0.0},
-                      "ratios": {}})
-        cells.append({"workload": "w", "model": "spec", "concurrency": c,
-                      "figures": {"error_rate": err, "acceptance_rate": acc, "requests": 10},
-                      "ratios": {"tpot_p50": tpot, "output_tokens_per_s": tps, "completed_rps": tps, "itl_p95": 1.2}})
+        base = {"workload": "w", "model": "baseline", "concurrency": c, "figures": {"requests": 10}, "trials": []}
+        spec = {"workload": "w", "model": "spec", "concurrency": c, "figures": {"requests": 10}, "trials": []}
+        for r, wobble in enumerate((1 - spread, 1.0, 1 + spread)):
+            base["trials"].append({"round": r, "figures": {"tpot_p50": 0.01, "output_tokens_per_s": 100.0,
+                                                           "completed_rps": 2.0, "itl_p95": 0.02, "error_rate": 0.0}})
+            spec["trials"].append({"round": r, "figures": {
+                "tpot_p50": 0.01 * tpot * wobble, "output_tokens_per_s": 100.0 * tps * wobble,
+                "completed_rps": 2.0 * tps * wobble, "itl_p95": 0.024, "error_rate": err, "acceptance_rate": acc}})
+        cells += [base, spec]
+    add_intervals(cells, "baseline")
     return cells
 
 
 def test_verdict_keep():
     [v] = verdicts(cells_for([(1, 0.5, 1.5, 0.0, 0.7), (4, 0.7, 1.2, 0.0, 0.7), (16, 0.9, 1.0, 0.0, 0.7)]), G)
-    assert v["verdict"] == "keep" and all(lv["pass"] for lv in v["levels"])
+    assert v["verdict"] == "keep" and all(lv["status"] == "pass" for lv in v["levels"])
 
 
 def test_verdict_keep_below_n_names_the_reason():
     [v] = verdicts(cells_for([(1, 0.5, 1.5, 0.0, 0.7), (4, 0.8, 1.1, 0.0, 0.7), (16, 1.05, 0.85, 0.0, 0.7)]), G)
     assert v["verdict"] == "keep below concurrency 16" and v["keep_below"] == 16
-    assert "output_tokens_per_s 0.85x baseline < 0.95x" in v["reason"]
+    assert "output_tokens_per_s 0.85x baseline [" in v["reason"] and "< 0.95x" in v["reason"]
     assert "completed_rps" in v["reason"]  # a peak-only rule, and 16 is the peak
-    assert "no gain" in v["reason"]
+    assert "gain: tpot_p50" in v["reason"]
 
 
 def test_verdict_roll_back_on_errors_or_collapsed_acceptance():
@@ -136,16 +260,27 @@ def test_verdict_roll_back_on_errors_or_collapsed_acceptance():
     assert v["verdict"] == "roll back" and "acceptance_rate 0.1 < 0.2" in v["reason"]
 
 
+def test_a_threshold_inside_the_interval_is_inconclusive_not_a_failure():
+    # tokens/s 0.93x, but spread so wide that 0.95x lies inside the interval: no roll back
+    [v] = verdicts(cells_for([(1, 0.7, 0.93, 0.0, 0.7)], spread=0.1), G)
+    assert v["verdict"] == "inconclusive" and v["levels"][0]["status"] == "inconclusive"
+    assert "output_tokens_per_s 0.9" in v["reason"] and "rounds in all would likely decide it" in v["reason"]
+    # passes at 1, undecided at 4: not "keep below 4", which would claim a failure at 4
+    cells = cells_for([(1, 0.5, 1.5, 0.0, 0.7)]) + cells_for([(4, 0.7, 0.93, 0.0, 0.7)], spread=0.1)
+    [v] = verdicts(cells, G)
+    assert v["verdict"] == "inconclusive" and v["reason"].startswith("passes below concurrency 4")
+
+
 def test_peak_rule_only_at_the_highest_level():
     cells = cells_for([(1, 0.5, 1.5, 0.0, 0.7), (4, 0.5, 1.5, 0.0, 0.7)])
-    cells[1]["ratios"]["completed_rps"] = 0.5  # low completed req/s at concurrency 1 only: not the peak
-    [v] = verdicts(cells, G)
+    cells[1]["ratios"]["completed_rps"] = {**cells[1]["ratios"]["completed_rps"], "value": 0.5, "lo": 0.45, "hi": 0.55}
+    [v] = verdicts(cells, G)  # low completed req/s at concurrency 1 only: not the peak
     assert v["verdict"] == "keep"
 
 
 def test_a_failure_is_not_forgiven_by_a_later_pass():
-    levels = [{"concurrency": 1, "pass": True, "reasons": []}, {"concurrency": 4, "pass": False, "reasons": ["x"]},
-              {"concurrency": 16, "pass": True, "reasons": []}]
+    levels = [{"concurrency": c, "status": s, "reasons": r, "rounds": None, "rounds_run": 3}
+              for c, s, r in [(1, "pass", []), (4, "fail", ["x"]), (16, "pass", [])]]
     d = decide(levels)
     assert d["verdict"] == "keep below concurrency 4" and "passes again at 16" in d["reason"]
 
@@ -182,18 +317,14 @@ def test_locust_command_holds_the_workload_fixed(tmp_path):
 
     cfg = MatrixConfig(models=["baseline"], duration_s=10, warmup_s=2, grpc_url="h:1", http_url="h:2")
     w = Workload("short", "long", "t0.7")
-    cmd = locust_command(cfg, "spec_eagle", 4, w, tmp_path / "p.jsonl", tmp_path / "s.jsonl")
+    cmd = locust_command(cfg, 4, w, tmp_path / "p.jsonl", tmp_path / "plan.json", tmp_path / "s.jsonl", 100.0)
     args = dict(zip(cmd, cmd[1:]))
-    assert "GrpcStreamUser" in cmd and "--headless" in cmd
-    assert (args["-u"], args["-r"], args["--run-time"], args["--model"]) == ("4", "4", "12s", "spec_eagle")
+    assert "GrpcStreamUser" in cmd and "--headless" in cmd and "--model" not in cmd
+    assert (args["-u"], args["-r"], args["--trial-plan"]) == ("4", "4", str(tmp_path / "plan.json"))
+    assert int(args["--run-time"].rstrip("s")) >= 200  # a cap: the plan ends the run
     assert (args["--max-tokens"], args["--temperature"], args["--host"], args["--grpc-url"]) == ("128", "0.7", "http://h:2", "h:1")
-    cfg.workers, cfg.drain_s = 2, 5
-    cmd = locust_command(cfg, "m", 4, w, tmp_path / "p", tmp_path / "s")
-    args = dict(zip(cmd, cmd[1:]))
-    assert args["--send-for"] == "12.000" and args["--run-time"] == "17s"  # requests in flight finish
-    cfg.workers, cfg.requests = 0, 20
-    cmd = locust_command(cfg, "m", 4, w, tmp_path / "p", tmp_path / "s")
-    assert dict(zip(cmd, cmd[1:]))["--max-requests"] == str(20 + cfg.warmup_requests)
+    with pytest.raises(ValueError, match="rounds"):
+        MatrixConfig(models=["baseline"], rounds=0)
 
 
 def test_canary_model_config(tmp_path):
@@ -208,3 +339,35 @@ def test_canary_model_config(tmp_path):
     assert sum(routes_to_candidate(n, 0.3) for n in range(1000)) == 300
     with pytest.raises(ValueError):
         write_canary_model(tmp_path, share=1.5)
+
+
+# ---- noise ---------------------------------------------------------------------------------------------------
+def test_noise_counts_our_processes_apart_from_foreign_ones():
+    """A busy child process is foreign load unless it is one of ours (a root of the own process trees);
+    both readings come from the same two /proc snapshots, so they differ by exactly its CPU time."""
+    import subprocess
+    import sys
+    import time
+
+    from specdec.tools.loadtest import noise
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(0.3)
+        before = noise.snapshot()
+        time.sleep(1.0)
+        after = noise.snapshot()
+    finally:
+        child.kill()
+        child.wait()
+    spent = noise.cpu_seconds({child.pid}, before, after)
+    assert spent > 0.05  # it ran (on a busy 2-core machine, at least a little)
+    wall = after.wall - before.wall
+    theirs = noise.trial_cpu(before, after, own_roots=[], model_pids=[child.pid])
+    ours = noise.trial_cpu(before, after, own_roots=[child.pid], model_pids=[child.pid])
+    assert theirs["model_cpu_s"] == pytest.approx(spent, abs=1e-3)
+    assert ours["ours_cores"] == pytest.approx(spent / wall, abs=2e-3)
+    if theirs["busy_cores"] - spent / wall > 0:  # nothing clamped: foreign load drops by exactly the child's use
+        assert theirs["foreign_cores"] - ours["foreign_cores"] == pytest.approx(spent / wall, abs=2e-3)
+    assert theirs["foreign_cores"] >= spent / wall - 0.05 and theirs["foreign_load"] == (theirs["foreign_cores"] > 0.25)
+    assert noise.tree([child.pid], after.procs) == {child.pid}

@@ -123,7 +123,7 @@ def _stream_grpc(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
                     yield Chunk("", [], 0, 0, 0.0, "", True)
                     return
                 continue
-            yield _chunk(lambda n: result.as_numpy(n), final)
+            yield parse_chunk(result.as_numpy, final)
             if final:
                 return
     except InferenceServerException as exc:
@@ -154,13 +154,18 @@ def _stream_http(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
                     raise ClientError(event["error"])
                 if last is not None:
                     yield last
-                last = _chunk(lambda n: _json_array(event.get(n)), False)
+                last = parse_event(event)
             if last is None:
                 raise ClientError("the stream ended without a response")
             last.final = True
             yield last
     except requests.RequestException as exc:
         raise ClientError(f"HTTP request failed: {exc}") from None
+
+
+def parse_event(event: dict) -> Chunk:
+    """One server-sent event's JSON (`generate_stream`) as a Chunk (not final: the caller knows)."""
+    return parse_chunk(lambda n: _json_array(event.get(n)), False)
 
 
 def _json_array(v):
@@ -179,7 +184,8 @@ def _error_text(body: str) -> str:
     return body.strip()
 
 
-def _chunk(get, final: bool) -> Chunk:
+def parse_chunk(get, final: bool) -> Chunk:
+    """A response as a Chunk; `get(name)` returns the named output as an array (None if absent)."""
     def first(name, default):
         a = get(name)
         return default if a is None or np.asarray(a).size == 0 else np.asarray(a).reshape(-1)[0]

@@ -2,11 +2,14 @@
 
 1 check       tritonserver binary, Python backend stub, Locust
 2 kit         the shipped demo kit (build/demo-kit); without it, the tiny kit is trained (~2 min)
-3 repository  one Triton model per method (baseline, spec_draft, spec_medusa, spec_eagle, spec_ngram)
+3 repository  one Triton model per method (baseline, spec_draft, spec_medusa, spec_eagle, spec_ngram),
+              and baseline_aa: the baseline under a second name, for the A/A self-check
 4 serve       tritonserver on free ports, every model loaded
 5 stream      one completion from each model, printed as the tokens arrive, with acceptance stats
-6 load        a short load matrix (Locust): every model at each concurrency level, side by side
-7 verdict     guardrails -> keep / keep below N / roll back per method; report + plots in reports/
+6 load        a short load matrix (Locust): at each concurrency level the models take turns in short
+              trials, round after round, so the machine's slow moments hit every model alike
+7 verdict     guardrails on the ratios' confidence intervals -> keep / keep below N / roll back /
+              inconclusive per method, the A/A check and the machine's foreign load; report + plots
 8 stop        the server is stopped (also when a stage fails)
 
 Exit code 0 only if every stage worked.
@@ -15,7 +18,6 @@ Exit code 0 only if every stage worked.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 import traceback
@@ -121,8 +123,10 @@ def parse_args(argv):
     ap.add_argument("--kit", help="kit folder (default: build/demo-kit, else the tiny kit)")
     ap.add_argument("--out", default=str(REPORTS / "demo"), help="report folder")
     ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per load-matrix cell")
-    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved trials per model and load level")
+    ap.add_argument("--duration", type=float, default=1.5, help="measured seconds per trial")
+    ap.add_argument("--warmup", type=float, default=0.5, help="seconds per trial before measuring")
+    ap.add_argument("--no-aa", dest="aa", action="store_false", help="skip the A/A self-check (saves a sixth of the load stage)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (stream and load)")
     ap.add_argument("--models", help="comma-separated subset (default: every model the kit allows)")
     ap.add_argument("--guardrails", default=str(GUARDRAILS))
@@ -167,21 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         p.end(text=detail)
 
         p.begin("repository", "one Triton model per method")
-        from specdec.serving.repository import write_repository
+        from specdec.tools.loadtest.matrix import aa_name, start_server, write_repository_for
 
         repo = out / "model_repository"
-        if repo.exists():
-            shutil.rmtree(repo)
-        models = write_repository(repo, kit / "target", kit / "draft", kit / "medusa", kit / "eagle",
-                                  models=a.models.split(",") if a.models else None, absolute=True)
+        models = write_repository_for(kit, repo, a.models.split(",") if a.models else None)
+        if a.aa:
+            models.insert(1, aa_name(rules.baseline))
         p.end(text=f"{repo}: {', '.join(models)}")
 
         p.begin("serve", "tritonserver with every model")
-        from specdec.serving.server import TritonServer, free_port
-
-        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              exit_timeout_s=3, log_file=out / "tritonserver.log")
-        server.start(timeout_s=900)
+        server = start_server(repo, out, aa_of=rules.baseline if a.aa else None, timeout_s=900)
         p.end(text=f"gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
 
         p.begin("stream", "one completion per model, tokens as they arrive (gRPC stream)")
@@ -190,20 +189,21 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"tritonserver exited (code {server.proc.returncode})")
         p.end()
 
-        p.begin("load", "load matrix: every model x concurrency, side by side (Locust, headless)")
+        p.begin("load", "load matrix: interleaved trials of every model at each concurrency (Locust, headless)")
         from specdec.tools.loadtest.matrix import MatrixConfig, run_matrix
         from specdec.tools.loadtest.workload import Workload
 
         cfg = MatrixConfig(models=models, concurrency=[int(c) for c in a.concurrency.split(",")],
-                           workloads=[Workload(max_tokens=a.max_tokens)], duration_s=a.duration, warmup_s=a.warmup,
-                           grpc_url=server.grpc_url, http_url=server.http_url, metrics_url=server.metrics_url,
-                           baseline=rules.baseline, out=str(out))
+                           workloads=[Workload(max_tokens=a.max_tokens)], rounds=a.rounds, duration_s=a.duration,
+                           warmup_s=a.warmup, grpc_url=server.grpc_url, http_url=server.http_url,
+                           metrics_url=server.metrics_url, baseline=rules.baseline,
+                           aa_model=aa_name(rules.baseline) if a.aa else None, out=str(out))
         t0 = time.monotonic()
 
         def show(done, total, text):
             if done < total:
                 eta = "" if not done else f"  (about {(time.monotonic() - t0) / done * (total - done):.0f} s left)"
-                p.note(f"cell {done + 1}/{total}: {text}{eta}")
+                p.note(f"level {done + 1}/{total}: {text}{eta}")
         report = run_matrix(cfg, progress=show)
         if server.proc.poll() is not None:
             raise RuntimeError(f"tritonserver exited (code {server.proc.returncode}) during the load matrix")
@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                    for c in report["cells"] if (c["figures"].get("error_rate") or 0) > 0.05]
         if failed:
             raise RuntimeError("; ".join(dict.fromkeys(failed)))
-        p.end(text=f"{len(report['cells'])} cells")
+        p.end(text=f"{len(report['cells'])} cells, {sum(len(c['trials']) for c in report['cells'])} trials")
 
-        p.begin("verdict", "guardrails -> keep / keep below N / roll back")
+        p.begin("verdict", "guardrails on the intervals -> keep / keep below N / roll back / inconclusive")
         from specdec.tools.loadtest.report import write_report
 
         paths = write_report(report, rules, out)
@@ -244,14 +244,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary_table(report: dict) -> str:
     """Headline figures per model at each load level, as ratios to the baseline."""
-    from specdec.tools.loadtest.report import fmt
+    from specdec.tools.loadtest.report import fmt, fmt_ratio
 
-    rows = [("model", "conc", "TPOT p50 ms", "ITL p50 ms", "ITL p95 ms", "out tok/s", "x base tok/s", "accept")]
+    rows = [("model", "conc", "TPOT p50 ms", "x base TPOT [interval]", "out tok/s", "x base tok/s [interval]",
+             "CPU ms/tok", "accept")]
     for c in report["cells"]:
         f, r = c["figures"], c["ratios"]
         rows.append((c["model"], str(c["concurrency"]), fmt(f.get("tpot_p50"), 1000, "{:.1f}"),
-                     fmt(f.get("itl_p50"), 1000, "{:.1f}"), fmt(f.get("itl_p95"), 1000, "{:.1f}"),
-                     fmt(f.get("output_tokens_per_s"), 1, "{:.0f}"), fmt(r.get("output_tokens_per_s"), 1, "{:.2f}x"),
+                     fmt_ratio(r.get("tpot_p50")), fmt(f.get("output_tokens_per_s"), 1, "{:.0f}"),
+                     fmt_ratio(r.get("output_tokens_per_s")), fmt(f.get("cpu_ms_per_token"), 1, "{:.2f}"),
                      fmt(f.get("acceptance_rate"), 1, "{:.2f}")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]

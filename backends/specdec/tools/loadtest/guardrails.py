@@ -15,10 +15,26 @@ File format (see loadtest/guardrails.yaml for the documented defaults):
 
 A rule has a `figure` (a name from report.json's figures) and one or more of `max`, `min` (on the
 figure) or `ratio_max`, `ratio_min` (on figure / baseline figure at the same load), optionally
-`at: peak` and a `reason`. Per method and workload, load levels are checked from low to high:
-- every level passes                     -> keep
-- the lowest level fails                 -> roll back (with the failing rules)
-- levels pass up to some N, then fail    -> keep below concurrency N (at N the reason is given)
+`at: peak` and a `reason`.
+
+Every decision here respects the evidence: a bound is checked against the figure's confidence
+interval over the interleaved trials (`intervals`), never against a point estimate alone. A bound
+*fails* when the whole interval lies on its wrong side, *passes* when the whole interval lies on its
+right side, and is *undecided* otherwise (with the rounds that would likely decide it). A verdict
+stands on every bound at every level, and any one failing bound can fail it, so each interval is
+taken at the Bonferroni confidence `family_confidence(bounds)`: all of them together hold with
+CONFIDENCE (90%), and a method that truly sits on its thresholds is wrongly kept or rolled back at
+most 5% of the time either way, however many rules and levels there are. A figure
+that is measured once per level (server counters such as mean_accepted_length) has no interval and
+is compared as a point. A load level fails if any rule fails (and, with an `improve` rule, if the
+interval shows the gain missed), passes if every rule passes, and is inconclusive otherwise. Per
+method and workload, load levels are checked from low to high:
+- every level passes                             -> keep
+- the lowest level fails                         -> roll back (with the failing rules)
+- levels pass up to some N, then fail at N       -> keep below concurrency N (at N the reason is given)
+- the first level that does not pass is inconclusive -> inconclusive (what was undecided, and how
+  many rounds would likely decide it)
+The canary comparison and the A/A check (`aa_check`) go through the same intervals.
 """
 
 from __future__ import annotations
@@ -26,6 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from specdec.tools.loadtest.intervals import CONFIDENCE, Interval, family_confidence, rounds_to_clear
 
 BOUNDS = ("max", "min", "ratio_max", "ratio_min")
 
@@ -40,20 +58,50 @@ class Rule:
     at: str = "all"  # "all" | "peak"
     reason: str = ""
 
-    def check(self, figures: dict, ratios: dict) -> list[str]:
-        """Failure messages (empty when the rule holds). A missing figure does not fail a rule."""
-        fails = []
-        value, r = figures.get(self.figure), ratios.get(self.figure)
+    def bounds(self) -> int:
+        return sum(getattr(self, b) is not None for b in BOUNDS)
+
+    def check(self, cell: dict, confidence: float) -> list[dict]:
+        """One outcome per bound, on the interval at `confidence`: {status: pass | fail | undecided,
+        detail, rounds}. A figure the cell does not have (nothing drafted, no local server) passes."""
         why = f" ({self.reason})" if self.reason else ""
-        if self.max is not None and _num(value) and value > self.max:
-            fails.append(f"{self.figure} {_fmt(value)} > {_fmt(self.max)}{why}")
-        if self.min is not None and _num(value) and value < self.min:
-            fails.append(f"{self.figure} {_fmt(value)} < {_fmt(self.min)}{why}")
-        if self.ratio_max is not None and _num(r) and r > self.ratio_max:
-            fails.append(f"{self.figure} {r:.2f}x baseline > {self.ratio_max:g}x{why}")
-        if self.ratio_min is not None and _num(r) and r < self.ratio_min:
-            fails.append(f"{self.figure} {r:.2f}x baseline < {self.ratio_min:g}x{why}")
-        return fails
+        out = []
+        for bound, kind in (("max", "mean"), ("min", "mean"), ("ratio_max", "ratio"), ("ratio_min", "ratio")):
+            threshold = getattr(self, bound)
+            if threshold is None:
+                continue
+            iv = _interval(cell, self.figure, kind)
+            if iv is None:
+                continue
+            iv = iv.at(confidence)
+            upper = bound.endswith("max")
+            fails, passes = (iv.above(threshold), iv.below(threshold)) if upper else (iv.below(threshold), iv.above(threshold))
+            unit = "x baseline" if kind == "ratio" else ""
+            op = (">" if fails else "<" if passes else "vs") if upper else ("<" if fails else ">" if passes else "vs")
+            detail = f"{self.figure} {_fmt_iv(iv, unit)} {op} {threshold:g}{'x' if kind == 'ratio' else ''}{why}"
+            status = "fail" if fails else "pass" if passes else "undecided"
+            out.append({"status": status, "detail": detail,
+                        "rounds": rounds_to_clear(iv, threshold) if status == "undecided" else None})
+        return out
+
+
+def _interval(cell: dict, figure: str, kind: str) -> Interval | None:
+    """The figure's interval from the cell (ratios or means), or a point for a once-per-level figure."""
+    table = cell.get("ratios" if kind == "ratio" else "means") or {}
+    if figure in table:
+        return Interval(**table[figure]) if table[figure] else None
+    if kind == "ratio":
+        return None  # ratios exist only for the figures every trial measures
+    value = (cell.get("figures") or {}).get(figure)
+    if not _num(value):
+        return None
+    return Interval(value, value, value, 2, 0.0, CONFIDENCE, "mean")  # measured once: compared as a point
+
+
+def _fmt_iv(iv: Interval, unit: str) -> str:
+    if _fmt(iv.lo) == _fmt(iv.hi):  # no spread (to the digits shown)
+        return f"{_fmt(iv.value)}{unit}"
+    return f"{_fmt(iv.value)}{unit} [{_fmt(iv.lo)}, {_fmt(iv.hi)}]"
 
 
 @dataclass
@@ -110,58 +158,106 @@ def load_guardrails(path: str | Path) -> Guardrails:
     return parse_guardrails(yaml.safe_load(text) or {})
 
 
-def level_check(g: Guardrails, figures: dict, ratios: dict, peak: bool) -> list[str]:
-    """Why this load level fails (empty: it passes)."""
-    fails = []
-    if figures.get("error") and not figures.get("requests"):
-        return [f"no measurement: {figures['error']}"]
-    for r in g.rollback:
-        if r.at == "peak" and not peak:
-            continue
-        fails += r.check(figures, ratios)
-    if g.improve is not None:
-        missed = g.improve.check(figures, ratios)
-        if missed:
-            fails.append("no gain: " + "; ".join(missed))
-    return fails
+def level_rules(g: Guardrails, peak: bool) -> list[Rule]:
+    return [r for r in g.rollback if r.at == "all" or peak] + ([g.improve] if g.improve else [])
 
 
-def verdicts(cells: list[dict], g: Guardrails) -> list[dict]:
+def level_check(g: Guardrails, cell: dict, peak: bool, confidence: float = CONFIDENCE) -> dict:
+    """{status: pass | fail | inconclusive, reasons, undecided, rounds} for one load level, each bound
+    judged on its interval at `confidence`."""
+    f = cell.get("figures") or {}
+    if f.get("error") and not f.get("requests"):
+        return {"status": "fail", "reasons": [f"no measurement: {f['error']}"], "undecided": [], "rounds": None}
+    outcomes = []
+    for r in level_rules(g, peak):
+        prefix = "gain: " if r is g.improve else ""
+        outcomes += [{**o, "detail": prefix + o["detail"]} for o in r.check(cell, confidence)]
+    fails = [o["detail"] for o in outcomes if o["status"] == "fail"]
+    undecided = [o for o in outcomes if o["status"] == "undecided"]
+    if fails:
+        return {"status": "fail", "reasons": fails, "undecided": [o["detail"] for o in undecided], "rounds": None}
+    if undecided:
+        needed = [o["rounds"] for o in undecided]
+        return {"status": "inconclusive", "reasons": [o["detail"] for o in undecided], "undecided":
+                [o["detail"] for o in undecided], "rounds": None if None in needed else max(needed)}
+    return {"status": "pass", "reasons": [], "undecided": [], "rounds": None}
+
+
+def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> list[dict]:
     """One verdict per (workload, method) with the per-level results, from report cells
-    ({workload, concurrency, model, figures, ratios})."""
+    ({workload, concurrency, model, figures, ratios, means, trials}); `skip`: models that are not
+    methods (an A/A copy of the baseline)."""
     out = []
     groups: dict[tuple[str, str], list[dict]] = {}
     for c in cells:
-        if c["model"] != g.baseline:
+        if c["model"] != g.baseline and c["model"] not in skip:
             groups.setdefault((c["workload"], c["model"]), []).append(c)
     for (workload, model), group in groups.items():
         group.sort(key=lambda c: c["concurrency"])
         peak = group[-1]["concurrency"]
+        # every bound at every level may decide the verdict: together they hold with CONFIDENCE
+        confidence = family_confidence(sum(r.bounds() for c in group for r in level_rules(g, c["concurrency"] == peak)))
         levels = []
         for c in group:
-            fails = level_check(g, c["figures"], c.get("ratios", {}), c["concurrency"] == peak)
-            levels.append({"concurrency": c["concurrency"], "pass": not fails, "reasons": fails})
-        out.append({"workload": workload, "model": model, "levels": levels, **decide(levels)})
+            check = level_check(g, c, c["concurrency"] == peak, confidence)
+            levels.append({"concurrency": c["concurrency"], "rounds_run": _rounds(c), **check})
+        out.append({"workload": workload, "model": model, "confidence": confidence, "levels": levels,
+                    **decide(levels)})
     return out
 
 
+def _rounds(cell: dict) -> int:
+    return len({t["round"] for t in cell.get("trials", [])})
+
+
 def decide(levels: list[dict]) -> dict:
-    """keep / keep below concurrency N / roll back, from levels sorted by concurrency."""
-    first_fail = next((i for i, lv in enumerate(levels) if not lv["pass"]), None)
-    if first_fail is None:
+    """keep / keep below concurrency N / roll back / inconclusive, from levels sorted by concurrency."""
+    first = next((i for i, lv in enumerate(levels) if lv["status"] != "pass"), None)
+    if first is None:
         top = levels[-1]["concurrency"] if levels else 0
         return {"verdict": "keep", "keep_below": None,
                 "reason": f"passes every guardrail at every load level (up to concurrency {top})"}
-    failing = levels[first_fail]
-    why = "; ".join(failing["reasons"])
-    if first_fail == 0:
-        return {"verdict": "roll back", "keep_below": None,
-                "reason": f"at concurrency {failing['concurrency']}: {why}"}
-    n = failing["concurrency"]
-    later = [lv["concurrency"] for lv in levels[first_fail + 1:] if lv["pass"]]
+    level = levels[first]
+    n = level["concurrency"]
+    why = "; ".join(level["reasons"])
+    passed = f"passes below concurrency {n}; " if first else ""
+    if level["status"] == "inconclusive":
+        more = (f"about {level['rounds']} rounds in all would likely decide it ({level['rounds_run']} ran)"
+                if level["rounds"] else "the ratio sits on a threshold: more rounds may never decide it")
+        return {"verdict": "inconclusive", "keep_below": None,
+                "reason": f"{passed}at concurrency {n} the intervals do not clear the guardrails: {why}; {more}"}
+    if first == 0:
+        return {"verdict": "roll back", "keep_below": None, "reason": f"at concurrency {n}: {why}"}
+    later = [lv["concurrency"] for lv in levels[first + 1:] if lv["status"] == "pass"]
     note = f" (passes again at {', '.join(map(str, later))}; not trusted above a failure)" if later else ""
-    return {"verdict": f"keep below concurrency {n}", "keep_below": n,
-            "reason": f"at concurrency {n}: {why}{note}"}
+    return {"verdict": f"keep below concurrency {n}", "keep_below": n, "reason": f"at concurrency {n}: {why}{note}"}
+
+
+# ---- the A/A self-check ---------------------------------------------------------------------------------
+AA_FIGURES = ("output_tokens_per_s", "tpot_p50", "ttft_p95", "itl_p95")  # the ratios the shipped guardrails judge
+AA_MARGIN = 0.05  # the smallest margin the shipped guardrails act on (0.95x): a difference they would see
+
+
+def aa_check(cells: list[dict], aa_model: str, margin: float = AA_MARGIN) -> dict:
+    """The baseline against its A/A copy (the same model under two names): a difference is an interval
+    that lies wholly outside [1 - margin, 1 / (1 - margin)] for any of AA_FIGURES at any level, i.e.
+    one the guardrails would act on. Such a run's verdicts cannot be trusted: the machine's noise
+    beat the design (it is flagged in the report)."""
+    lo, hi = 1 - margin, 1 / (1 - margin)
+    mine = sorted((c for c in cells if c["model"] == aa_model), key=lambda c: (c["workload"], c["concurrency"]))
+    confidence = family_confidence(len(AA_FIGURES) * len(mine))  # like a verdict: all checks together
+    levels = []
+    for c in mine:
+        diffs = []
+        for k in AA_FIGURES:
+            d = (c.get("ratios") or {}).get(k)
+            iv = Interval(**d).at(confidence) if d else None
+            if iv and (iv.above(hi) or iv.below(lo)):
+                diffs.append(f"{k} {_fmt_iv(iv, 'x')}")
+        levels.append({"workload": c["workload"], "concurrency": c["concurrency"],
+                       "result": "difference" if diffs else "no difference", "differences": diffs})
+    ok = bool(levels) and all(lv["result"] == "no difference" for lv in levels)
+    return {"model": aa_model, "margin": margin, "confidence": confidence, "passed": ok, "levels": levels}
 
 
 def _num(x) -> bool:

@@ -1,12 +1,17 @@
-"""`specdec loadtest`: the load matrix. For every workload, load level and served model (models
-innermost, so each load level is measured side by side), run Locust headless against Triton,
-collect every request's sample and the server's metrics, then write report.json, report.md and
-plots, and end in a keep / keep-below-N / roll-back verdict per method from the guardrails file.
+"""`specdec loadtest`: the load matrix. For every workload and load level, the served models take
+turns in short trials (round 1: A B C, round 2: B C A, ...), so a slow period of the machine
+lands on every model of a round alike; each figure is then compared with the baseline's of the
+same round, and the verdict rests on the interval of those paired ratios (`intervals`,
+`guardrails`), not on one window's point estimate. Writes report.json, report.md and plots.
 
-Each cell is one `locust --headless` process (the users run on gevent; a separate process keeps
-that away from this one, which samples server memory and scrapes metrics meanwhile). Everything
-but the model and the number of users is held fixed and recorded: prompts (one file per
-workload), max tokens, sampling, seeds, duration.
+Each (workload, load level) is one `locust --headless` process running a trial plan
+(`users.run_plan`): it drains the requests in flight between trials and records, per trial, the
+measurement window and the machine's CPU use (`noise`). This process scrapes the server's
+metrics around it. Everything but the model and the number of users is held fixed and recorded:
+prompts (one file per workload), max tokens, sampling, seeds, trial length.
+
+`--aa` adds a copy of the baseline under a second name (`<baseline>_aa`, the same config) to the
+served repository: an A/A pair that must show no difference, or the run is flagged untrustworthy.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -26,9 +31,11 @@ from pathlib import Path
 
 from specdec.paths import GUARDRAILS, PACKAGE_ROOT, REPORTS
 from specdec.tools.loadtest import stats
+from specdec.tools.loadtest.intervals import mean_interval, paired_ratio
+from specdec.tools.loadtest.noise import server_pid
 from specdec.tools.loadtest.workload import OUTPUT_BANDS, PROMPT_BANDS, SAMPLING, Workload, prompts_for, workloads, write_prompts
 
-LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+LOCUSTFILE = Path(__file__).with_name("users.py")  # Locust loads the users module by path
 
 
 @dataclass
@@ -36,21 +43,26 @@ class MatrixConfig:
     models: list[str]
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
     workloads: list[Workload] = field(default_factory=lambda: [Workload()])
-    duration_s: float = 30.0
-    warmup_s: float = 5.0
-    requests: int | None = None  # request count per cell instead of duration (after warmup_requests)
-    warmup_requests: int = 2
+    rounds: int = 5  # trials per model and load level, interleaved
+    duration_s: float = 5.0  # measured seconds per trial
+    warmup_s: float = 1.0  # seconds per trial before measuring
     protocol: str = "grpc"
     grpc_url: str = "localhost:8001"
     http_url: str = "localhost:8000"
     metrics_url: str = "http://localhost:8002/metrics"
     baseline: str = "baseline"
+    aa_model: str | None = None  # the baseline's A/A copy, when served
     prompts: int = 32
     seed: int = 0
     stop_timeout_s: float = 120.0
-    workers: int = 0  # > 0: Locust distributed mode, one master and this many worker processes per cell
-    drain_s: float = 10.0  # distributed mode: time for requests in flight after the last one was sent
+    drain_s: float = 30.0  # at most this long for a trial's requests in flight to end; the rest are abandoned
+    workers: int = 0  # > 0: Locust distributed mode, one master and this many worker processes per level
     out: str = "reports/loadtest"
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.duration_s <= 0 or self.warmup_s < 0:
+            raise ValueError(f"rounds must be >= 1 and the trial length > 0 (rounds {self.rounds}, "
+                             f"duration {self.duration_s}, warmup {self.warmup_s})")
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "workloads"}
@@ -58,7 +70,7 @@ class MatrixConfig:
         return d
 
 
-# ---- server-side observations -----------------------------------------------------------------------
+# ---- server side ----------------------------------------------------------------------------------------
 def metrics_endpoint(url: str) -> str:
     """`host:port` -> `http://host:port/metrics` (else the server-side token check stays silently empty)."""
     url = url if "://" in url else f"http://{url}"
@@ -73,82 +85,6 @@ def scrape(url: str) -> dict:
         return {}
 
 
-def _cmdline(pid: str) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return []
-
-
-def _ppid(pid: str) -> str | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("PPid:"):
-                return line.split()[1]
-    except OSError:
-        pass
-    return None
-
-
-def model_processes(model: str, grpc_url: str) -> list[int]:
-    """PIDs of the Python backend stubs serving `model` for the tritonserver on this machine that
-    listens on grpc_url's port (one per instance); empty when that server is not local."""
-    port = grpc_url.rsplit(":", 1)[-1].encode()
-    procs = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()]
-    servers = set()
-    for pid in procs:
-        args = _cmdline(pid)
-        if args and args[0].endswith(b"tritonserver") and (
-                b"--grpc-port=" + port in args or (port == b"8001" and not any(a.startswith(b"--grpc-port") for a in args))):
-            servers.add(pid)
-    pids = []
-    for pid in procs:
-        args = _cmdline(pid)
-        if len(args) < 2 or not args[0].endswith(b"triton_python_backend_stub"):
-            continue
-        if Path(args[1].decode(errors="replace")).parent.parent.name == model and _ppid(pid) in servers:
-            pids.append(int(pid))
-    return pids
-
-
-def rss_mb(pids: list[int]) -> float | None:
-    total, seen = 0, False
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-                    seen = True
-        except OSError:
-            continue
-    return total / 1024 if seen else None
-
-
-class MemorySampler:
-    """Peak resident memory of a model's processes while a cell runs (local servers only)."""
-
-    def __init__(self, pids: list[int], interval_s: float = 0.5) -> None:
-        self.pids, self.interval_s, self.peak = pids, interval_s, None
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while True:
-            value = rss_mb(self.pids)
-            if value is not None:
-                self.peak = value if self.peak is None else max(self.peak, value)
-            if self.stop_event.wait(self.interval_s):
-                return
-
-    def __enter__(self) -> "MemorySampler":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        self.thread.join()
-
-
 def served_models(http_url: str) -> list[str]:
     base = http_url if http_url.startswith("http") else f"http://{http_url}"
     req = urllib.request.Request(f"{base}/v2/repository/index", data=b"{}", method="POST")
@@ -157,29 +93,75 @@ def served_models(http_url: str) -> list[str]:
     return sorted(m["name"] for m in index if m.get("state") == "READY")
 
 
-# ---- one cell ---------------------------------------------------------------------------------------
-def locust_command(cfg: MatrixConfig, model: str, users: int, workload: Workload, prompts_file: Path,
-                   samples: Path, csv_prefix: Path | None = None) -> list[str]:
+def aa_name(baseline: str) -> str:
+    return f"{baseline}_aa"
+
+
+def write_aa_model(repo: str | Path, baseline: str) -> str:
+    """A second folder for the baseline with the same config under another name (a sibling, so
+    relative checkpoint paths stay valid); returns its name."""
+    name = aa_name(baseline)
+    src, dst = Path(repo) / baseline, Path(repo) / name
+    if not (src / "config.pbtxt").exists():
+        raise ValueError(f"--aa: {src} has no config.pbtxt (the baseline must be in the repository)")
+    text = (src / "config.pbtxt").read_text()
+    if f'name: "{baseline}"' not in text:
+        raise ValueError(f"--aa: {src / 'config.pbtxt'} does not name the model {baseline!r}")
+    (dst / "1").mkdir(parents=True, exist_ok=True)
+    (dst / "config.pbtxt").write_text(text.replace(f'name: "{baseline}"', f'name: "{name}"', 1))
+    return name
+
+
+def write_repository_for(kit: str | Path, repo: str | Path, models: list[str] | None = None) -> list[str]:
+    """A fresh repository with one model per method the kit's folders allow (or `models`)."""
+    from specdec.serving.repository import write_repository
+
+    kit, repo = Path(kit), Path(repo)
+    if repo.exists():
+        shutil.rmtree(repo)
+    return write_repository(repo, kit / "target", **{k: kit / k for k in ("draft", "medusa", "eagle") if (kit / k).is_dir()},
+                            models=models, absolute=True)
+
+
+def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_s: float = 600.0):
+    """Serve `repo` on free ports (with the A/A copy of the model `aa_of` added, when given);
+    returns the started TritonServer. `specdec loadtest` and `specdec demo` start servers here."""
+    from specdec.serving.server import TritonServer, free_port
+
+    repo = Path(repo)
+    if aa_of is not None:
+        write_aa_model(repo, aa_of)
+    out.mkdir(parents=True, exist_ok=True)
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          exit_timeout_s=3, log_file=out / "tritonserver.log")
+    server.start(timeout_s=timeout_s)
+    return server
+
+
+# ---- one load level: every model, interleaved trials -------------------------------------------------
+def trial_plan(models: list[str], rounds: int) -> list[dict]:
+    """Round r sends to the models in order rotated by r: every model takes every position equally
+    often when rounds is a multiple of the number of models."""
+    plan = []
+    for r in range(rounds):
+        k = r % len(models)
+        plan += [{"model": m, "round": r} for m in models[k:] + models[:k]]
+    return plan
+
+
+def locust_command(cfg: MatrixConfig, users: int, workload: Workload, prompts_file: Path, plan_file: Path,
+                   samples: Path, planned_s: float, csv_prefix: Path | None = None) -> list[str]:
     user_class = "GrpcStreamUser" if cfg.protocol == "grpc" else "HttpSseUser"
     http = cfg.http_url if cfg.http_url.startswith("http") else f"http://{cfg.http_url}"
-    if cfg.requests:
-        run_time = max(60.0, cfg.requests * 30.0)  # a cap; the users stop at the request count
-    else:
-        run_time = cfg.warmup_s + cfg.duration_s
-    extra = []
-    if cfg.workers > 0 and not cfg.requests:
-        # a headless master quits at --run-time without waiting for the workers' requests in flight:
-        # stop sending at the end of the measurement and give those requests time to finish
-        extra = ["--send-for", f"{run_time:.3f}"]
-        run_time += cfg.drain_s
+    # a cap only: the plan ends the run when its last trial has drained
+    run_time = math.ceil(2 * planned_s + planned_s / (cfg.warmup_s + cfg.duration_s) * cfg.drain_s
+                         + cfg.stop_timeout_s + 60)
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class, "--headless",
-           "-u", str(users), "-r", str(users), "--run-time", f"{math.ceil(run_time)}s", *extra,
+           "-u", str(users), "-r", str(users), "--run-time", f"{run_time}s",
            "--stop-timeout", f"{cfg.stop_timeout_s:.0f}", "--host", http, "--grpc-url", cfg.grpc_url,
-           "--model", model, "--prompts-file", str(prompts_file), "--max-tokens", str(workload.tokens),
+           "--trial-plan", str(plan_file), "--prompts-file", str(prompts_file), "--max-tokens", str(workload.tokens),
            "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", str(cfg.seed),
            "--samples-out", str(samples), "--only-summary", "--loglevel", "WARNING"]
-    if cfg.requests:
-        cmd += ["--max-requests", str(cfg.requests + cfg.warmup_requests)]
     if csv_prefix is not None:
         cmd += ["--csv", str(csv_prefix)]
     return cmd
@@ -191,14 +173,20 @@ def worker_command(cfg: MatrixConfig, port: int) -> list[str]:
             "127.0.0.1", "--master-port", str(port), "--loglevel", "WARNING"]
 
 
-def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prompts_file: Path,
-             cell_dir: Path) -> dict:
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    samples_path = cell_dir / "samples.jsonl"
-    samples_path.unlink(missing_ok=True)
-    cmd = locust_command(cfg, model, users, workload, prompts_file, samples_path, cell_dir / "locust")
+def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Workload, prompts_file: Path,
+              level_dir: Path) -> list[dict]:
+    """Run the interleaved trials of every model at one load level; returns one cell per model."""
+    level_dir.mkdir(parents=True, exist_ok=True)
+    samples_path, trials_path, plan_path = (level_dir / n for n in ("samples.jsonl", "trials.jsonl", "plan.json"))
+    for p in (samples_path, trials_path):
+        p.unlink(missing_ok=True)
+    plan = trial_plan(models, cfg.rounds)
+    plan_path.write_text(json.dumps({"warmup_s": cfg.warmup_s, "duration_s": cfg.duration_s, "drain_s": cfg.drain_s,
+                                     "trials": plan,
+                                     "server_pid": server_pid(cfg.grpc_url), "out": str(trials_path)}))
+    planned_s = len(plan) * (cfg.warmup_s + cfg.duration_s)  # without drains
+    cmd = locust_command(cfg, users, workload, prompts_file, plan_path, samples_path, planned_s, level_dir / "locust")
     before = scrape(cfg.metrics_url)
-    pids = model_processes(model, cfg.grpc_url)
     t0 = time.time()
     workers = []
     if cfg.workers > 0:  # distributed: the workers run the users and send their samples to the master
@@ -208,13 +196,11 @@ def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prom
         cmd += ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
                 "--expect-workers", str(cfg.workers)]
         for i in range(cfg.workers):
-            log = open(cell_dir / f"locust-worker{i}.log", "w")
-            workers.append(subprocess.Popen(worker_command(cfg, port), stdout=log, stderr=subprocess.STDOUT,
-                                            env=_locust_env()))
-            log.close()
-    with MemorySampler(pids) as memory:
-        with open(cell_dir / "locust.log", "w") as log:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_locust_env())
+            with open(level_dir / f"locust-worker{i}.log", "w") as log:
+                workers.append(subprocess.Popen(worker_command(cfg, port), stdout=log, stderr=subprocess.STDOUT,
+                                                env=_locust_env()))
+    with open(level_dir / "locust.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_locust_env())
     for w in workers:  # they quit when the master does
         try:
             w.wait(timeout=30)
@@ -224,36 +210,69 @@ def run_cell(cfg: MatrixConfig, model: str, users: int, workload: Workload, prom
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
     after = scrape(cfg.metrics_url)
     samples = stats.load_samples(samples_path)
-    if cfg.requests:
-        ordered = sorted(samples, key=lambda s: s["start"])
-        measured = ordered[cfg.warmup_requests:]
-        w0 = measured[0]["start"] if measured else t0
-        w1 = max((s["start"] + (s["e2e"] or 0.0) for s in measured), default=w0)
-        w1 = max(w1, w0 + 1e-9)
-    else:
-        w0, w1 = stats.window(samples, cfg.warmup_s, cfg.duration_s)
-    fig = stats.figures(samples, w0, w1)
+    trials = stats.load_samples(trials_path)
+    wall = round(time.time() - t0, 2)
+    cells = []
+    for model in models:
+        mine = [t for t in trials if t["model"] == model]
+        cell_samples = [s for s in samples if s.get("model") == model]
+        fig = cell_figures(cell_samples, mine, before, after, model)
+        fig.update({"locust_exit_code": proc.returncode, "level_wall_s": wall})
+        if not cell_samples:
+            fig["error"] = f"no samples (locust exit code {proc.returncode}; see {level_dir / 'locust.log'})"
+        elif len(mine) < cfg.rounds:
+            fig["error"] = f"{len(mine)} of {cfg.rounds} trials ran (see {level_dir / 'locust.log'})"
+        elif before and not after:
+            fig["error"] = "the server's metrics endpoint stopped answering (did tritonserver exit?)"
+        elif all(s.get("error") for s in cell_samples):
+            fig["error"] = f"every request failed, e.g. {cell_samples[-1]['error']}"
+        cells.append({"model": model, "figures": fig, "trials": [trial_record(t, samples) for t in mine],
+                      "samples": str(samples_path), "trials_file": str(trials_path)})
+    return cells
+
+
+def trial_record(trial: dict, samples: list[dict]) -> dict:
+    """One trial's figures (its requests, its window) with its CPU figures."""
+    mine = [s for s in samples if s.get("trial") == trial["trial"]]
+    fig = stats.figures(mine, [(trial["w0"], trial["w1"])])
+    cpu = trial["cpu"]
+    tokens = fig["output_tokens_in_window"]
+    fig.update({"cpu_ms_per_token": 1000 * cpu["model_cpu_s"] / tokens if cpu.get("model_cpu_s") and tokens else None,
+                "foreign_cores": cpu["foreign_cores"], "rss_mb": trial.get("rss_mb")})
+    record = {"round": trial["round"], "trial": trial["trial"], "figures": fig, "cpu": cpu}
+    served = {s.get("served_model") for s in mine if s.get("served_model")}
+    if served - {trial["model"]}:  # a canary router: the same live traffic, split by the model that served it
+        record["by_served_model"] = {m: stats.figures([s for s in mine if s.get("served_model") == m],
+                                                      [(trial["w0"], trial["w1"])]) for m in sorted(served)}
+    return record
+
+
+def cell_figures(samples: list[dict], trials: list[dict], before: dict, after: dict, model: str) -> dict:
+    """The pooled figures of one model at one level: its requests over all its trials' windows,
+    the server's counters and the noise summary."""
+    windows = [(t["w0"], t["w1"]) for t in trials]
+    fig = stats.figures(samples, windows)
     server = stats.server_figures(before, after, model) if before and after else {}
-    client_tokens = sum(s["tokens"] for s in samples)
     fig.update(server)
+    client_tokens = sum(s["tokens"] for s in samples)
+    model_cpu = [t["cpu"].get("model_cpu_s") for t in trials]
+    rss = [t.get("rss_mb") for t in trials if t.get("rss_mb") is not None]
     fig.update({
-        "rss_mb": memory.peak,
-        "client_output_tokens_all": client_tokens,  # every request of the cell, warm-up included
+        "rss_mb": max(rss) if rss else None,
+        "cpu_ms_per_token": (1000 * sum(model_cpu) / fig["output_tokens_in_window"]
+                             if model_cpu and None not in model_cpu and fig["output_tokens_in_window"] else None),
+        "foreign_cores": sum(t["cpu"]["foreign_cores"] for t in trials) / len(trials) if trials else None,
+        "foreign_load_trials": sum(1 for t in trials if t["cpu"]["foreign_load"]),
+        "trials": len(trials),
+        "abandoned_requests": sum(t.get("abandoned", 0) for t in trials),  # no response by the end of a drain
+        "client_output_tokens_all": client_tokens,  # every request of the level, warm-ups and drains included
         "tokens_match_server": (server.get("server_output_tokens") == client_tokens) if server else None,
         "cell_requests_all": len(samples),
-        "locust_exit_code": proc.returncode,
-        "wall_s": round(time.time() - t0, 2),
     })
     served = {s.get("served_model") for s in samples if s.get("served_model")}
-    if served - {model}:  # a canary router: the same live traffic, split by the model that served it
-        fig["by_served_model"] = {m: stats.figures([s for s in samples if s.get("served_model") == m], w0, w1)
+    if served - {model}:
+        fig["by_served_model"] = {m: stats.figures([s for s in samples if s.get("served_model") == m], windows)
                                   for m in sorted(served)}
-    if not samples:
-        fig["error"] = f"no samples (locust exit code {proc.returncode}; see {cell_dir / 'locust.log'})"
-    elif before and not after:
-        fig["error"] = f"the server's metrics endpoint stopped answering during the cell (did tritonserver exit?)"
-    elif samples and all(s.get("error") for s in samples):
-        fig["error"] = f"every request failed, e.g. {samples[-1]['error']}"
     return fig
 
 
@@ -266,57 +285,72 @@ def _locust_env() -> dict:
 
 # ---- the matrix ---------------------------------------------------------------------------------------
 def run_matrix(cfg: MatrixConfig, progress=None) -> dict:
-    """Run every cell; returns the report dict (figures, ratios, setup). `progress(done, total, text)`."""
+    """Run every level; returns the report dict (figures, intervals, setup). `progress(done, total, text)`."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    # the baseline first at every load level; a canary router alone needs none (it serves both)
-    models = ([cfg.baseline] if cfg.baseline in cfg.models else []) + [m for m in cfg.models if m != cfg.baseline]
-    total = len(cfg.workloads) * len(cfg.concurrency) * len(models)
+    # the baseline (and its A/A copy) first; a canary router alone needs no baseline (it serves both)
+    first = [m for m in (cfg.baseline, cfg.aa_model) if m and m in cfg.models]
+    models = first + [m for m in cfg.models if m not in first]
+    total = len(cfg.workloads) * len(cfg.concurrency)
     cells, done = [], 0
     for wi, workload in enumerate(cfg.workloads):
         prompts_file = write_prompts(out / "prompts" / f"workload{wi}.jsonl",
                                      prompts_for(workload, cfg.prompts, cfg.seed))
         for users in cfg.concurrency:
-            for model in models:
-                if progress:
-                    progress(done, total, f"{workload.name}  concurrency {users}  {model}")
-                cell_dir = out / "cells" / f"w{wi}-c{users}-{model}"
-                fig = run_cell(cfg, model, users, workload, prompts_file, cell_dir)
-                cells.append({"workload": workload.name, "workload_index": wi, "concurrency": users,
-                              "model": model, "figures": fig,
-                              "samples": str(cell_dir.relative_to(out) / "samples.jsonl")})
-                done += 1
+            if progress:
+                progress(done, total, f"{workload.name}  concurrency {users}: {cfg.rounds} rounds of "
+                                      f"{', '.join(models)}")
+            for c in run_level(cfg, models, users, workload, prompts_file, out / "levels" / f"w{wi}-c{users}"):
+                c.update({"workload": workload.name, "workload_index": wi, "concurrency": users})
+                c["samples"] = str(Path(c["samples"]).relative_to(out))
+                c["trials_file"] = str(Path(c["trials_file"]).relative_to(out))
+                cells.append(c)
+            done += 1
     if progress:
         progress(done, total, "done")
-    add_ratios(cells, cfg.baseline)
+    add_intervals(cells, cfg.baseline)
     report = {"setup": {**cfg.to_dict(), "models": models,
                         "prompt_files": [str(Path("prompts") / f"workload{i}.jsonl") for i in range(len(cfg.workloads))]},
               "cells": cells}
     canary = canary_cells(cells)
     if canary:
-        add_ratios(canary, cfg.baseline)
+        add_intervals(canary, cfg.baseline)
         report["canary_cells"] = canary
     return report
 
 
 def canary_cells(cells: list[dict]) -> list[dict]:
-    """The cells of a canary router split by the model that served each request. Only per-request
-    figures compare across the split (rates depend on the share), so the rates are left out."""
+    """The cells of a canary router split by the model that served each request, trial by trial.
+    Only per-request figures compare across the split (rates depend on the share), so the rates
+    are left out."""
+    rates = {"output_tokens_per_s": None, "completed_rps": None}
     out = []
     for c in cells:
         for model, f in (c["figures"].get("by_served_model") or {}).items():
-            f = {**f, "output_tokens_per_s": None, "completed_rps": None}
+            trials = [{"round": t["round"], "trial": t["trial"], "figures": {**t["by_served_model"][model], **rates}}
+                      for t in c["trials"] if model in t.get("by_served_model", {})]
             out.append({"workload": c["workload"], "workload_index": c["workload_index"],
-                        "concurrency": c["concurrency"], "model": model, "router": c["model"], "figures": f})
+                        "concurrency": c["concurrency"], "model": model, "router": c["model"],
+                        "figures": {**f, **rates}, "trials": trials})
     return out
 
 
-def add_ratios(cells: list[dict], baseline: str) -> None:
-    """Each figure as a ratio to the baseline's in the same workload and load level (same run)."""
-    base = {(c["workload"], c["concurrency"]): c["figures"] for c in cells if c["model"] == baseline}
+def add_intervals(cells: list[dict], baseline: str) -> None:
+    """Per cell and figure: `ratios` (the interval of the per-round paired ratios to the baseline at
+    the same workload and load level) and `means` (the interval of the figure's per-trial values)."""
+    base = {(c["workload"], c["concurrency"]): c for c in cells if c["model"] == baseline}
     for c in cells:
         b = base.get((c["workload"], c["concurrency"]))
-        c["ratios"] = {k: stats.ratio(c["figures"].get(k), b.get(k)) if b else None for k in stats.RATIO_FIGURES}
+        rounds = sorted({t["round"] for t in c["trials"]} | ({t["round"] for t in b["trials"]} if b else set()))
+        mine = {t["round"]: t["figures"] for t in c["trials"]}
+        theirs = {t["round"]: t["figures"] for t in b["trials"]} if b else {}
+        c["ratios"], c["means"] = {}, {}
+        for k in stats.TRIAL_FIGURES:
+            values = [mine.get(r, {}).get(k) for r in rounds]
+            iv = paired_ratio(values, [theirs.get(r, {}).get(k) for r in rounds]) if b else None
+            c["ratios"][k] = iv.to_dict() if iv else None
+            m = mean_interval(values)
+            c["means"][k] = m.to_dict() if m else None
 
 
 # ---- command line -------------------------------------------------------------------------------------
@@ -329,6 +363,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src.add_argument("--metrics-url", default="http://localhost:8002/metrics", type=metrics_endpoint)
     src.add_argument("--model-repository", help="start tritonserver on free ports with this repository")
     src.add_argument("--kit", help="build a repository from this kit folder (target/ draft/ medusa/ eagle/) and serve it")
+    src.add_argument("--aa", action="store_true",
+                     help="also serve the baseline under a second name (<baseline>_aa, a folder next to it with "
+                          "the same config): an A/A pair that must show no difference (with --kit or "
+                          "--model-repository; a running server must already serve <baseline>_aa)")
     m = ap.add_argument_group("matrix")
     m.add_argument("--models", help="comma-separated (default: every model the server has ready)")
     m.add_argument("--baseline", default="baseline", help="the model every ratio is taken against")
@@ -340,11 +378,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--max-tokens", type=int, help="override the output bands' token count")
     m.add_argument("--prompts-file", help="your own JSONL of prompts ({\"prompt\": ...} per line)")
     m.add_argument("--prompts", type=int, default=32, help="held-out prompts per workload (default 32)")
-    m.add_argument("--duration", type=float, default=30.0, help="measured seconds per cell (default 30)")
-    m.add_argument("--warmup", type=float, default=5.0, help="seconds per cell before measuring (default 5)")
-    m.add_argument("--requests", type=int, help="measure this many requests per cell instead of --duration")
+    m.add_argument("--rounds", type=int, default=MatrixConfig.rounds,
+                   help=f"interleaved trials per model and load level (default {MatrixConfig.rounds})")
+    m.add_argument("--duration", type=float, default=MatrixConfig.duration_s,
+                   help=f"measured seconds per trial (default {MatrixConfig.duration_s:g})")
+    m.add_argument("--warmup", type=float, default=MatrixConfig.warmup_s,
+                   help=f"seconds per trial before measuring (default {MatrixConfig.warmup_s:g})")
     m.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
-    m.add_argument("--workers", type=int, default=0, help="Locust distributed mode: worker processes per cell")
+    m.add_argument("--workers", type=int, default=0, help="Locust distributed mode: worker processes per load level")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--guardrails", default=str(GUARDRAILS), help="YAML or TOML rollback thresholds (default loadtest/guardrails.yaml)")
     m.add_argument("--out", default=None, help="report folder (default reports/loadtest-<time>)")
@@ -356,9 +397,9 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
         models=models, concurrency=[int(x) for x in a.concurrency.split(",")],
         workloads=workloads(a.prompt_bands.split(","), a.output_bands.split(","), a.sampling.split(","),
                             a.max_tokens, a.prompts_file),
-        duration_s=a.duration, warmup_s=a.warmup, requests=a.requests, protocol=a.protocol, grpc_url=a.grpc_url,
-        http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline, prompts=a.prompts, seed=a.seed,
-        workers=a.workers, out=a.out)
+        rounds=a.rounds, duration_s=a.duration, warmup_s=a.warmup, protocol=a.protocol, grpc_url=a.grpc_url,
+        http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline,
+        aa_model=aa_name(a.baseline) if a.aa else None, prompts=a.prompts, seed=a.seed, workers=a.workers, out=a.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,15 +418,29 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: guardrails {a.guardrails}: {exc}", file=sys.stderr)
         return 2
-    server = None
+    server, aa_folder = None, None
     try:
         if a.kit or a.model_repository:
-            server = start_server(a)
+            out = Path(a.out)
+            repo = out / "model_repository" if a.kit else Path(a.model_repository)
+            models = a.models.split(",") if a.models else None
+            print(f"starting tritonserver ({repo}) ...", flush=True)
+            if a.aa and not a.kit:
+                aa_folder = repo / aa_name(a.baseline)  # added to the user's repository: removed afterwards
+            if a.kit:
+                write_repository_for(a.kit, repo, models)
+            server = start_server(repo, out, aa_of=a.baseline if a.aa else None)
+            a.grpc_url, a.http_url, a.metrics_url = server.grpc_url, server.http_url, server.metrics_url
         models = a.models.split(",") if a.models else served_models(a.http_url)
+        if a.aa and aa_name(a.baseline) not in models:
+            models.append(aa_name(a.baseline))
+        if a.aa and not server and aa_name(a.baseline) not in served_models(a.http_url):
+            raise ValueError(f"--aa: the running server has no {aa_name(a.baseline)} (the A/A copy); give --kit or "
+                             "--model-repository to have one added")
         cfg = config_from_args(a, models)
-        print(f"load matrix: {len(cfg.workloads)} workload(s) x concurrency {cfg.concurrency} x "
-              f"{', '.join(models)}; {'%d requests' % cfg.requests if cfg.requests else '%.0f s' % cfg.duration_s} "
-              f"per cell after {cfg.warmup_s:.0f} s warm-up -> {a.out}", flush=True)
+        print(f"load matrix: {len(cfg.workloads)} workload(s) x concurrency {cfg.concurrency}; {cfg.rounds} "
+              f"interleaved rounds of {', '.join(models)}; {cfg.warmup_s:g} s warm-up + {cfg.duration_s:g} s "
+              f"measured per trial -> {a.out}", flush=True)
         report = run_matrix(cfg, progress=lambda d, t, s: print(f"  [{d + 1 if d < t else t}/{t}] {s}", flush=True))
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -393,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+        if aa_folder is not None:
+            shutil.rmtree(aa_folder, ignore_errors=True)
     paths = write_report(report, rules, a.out)
     print(paths["verdict_table"])
     print(f"wrote {paths['json']}, {paths['md']} and {len(paths['plots'])} plots")
@@ -400,24 +457,3 @@ def main(argv: list[str] | None = None) -> int:
     for c in failed:
         print(f"error: {c['model']} at concurrency {c['concurrency']}: {c['figures']['error']}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def start_server(a: argparse.Namespace):
-    """Serve --model-repository (or a repository built from --kit) on free ports; updates a's URLs."""
-    from specdec.serving.repository import write_repository
-    from specdec.serving.server import TritonServer, free_port
-
-    repo = a.model_repository
-    if a.kit:
-        kit = Path(a.kit)
-        repo = str(Path(a.out or ".") / "model_repository")
-        write_repository(repo, kit / "target", **{k: kit / k for k in ("draft", "medusa", "eagle") if (kit / k).is_dir()},
-                         models=a.models.split(",") if a.models else None, absolute=True)
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_file=Path(a.out) / "tritonserver.log" if a.out else None)
-    print(f"starting tritonserver ({', '.join(server.models)}) ...", flush=True)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    server.start(timeout_s=600)
-    a.model_repository = str(server.model_repository)
-    a.grpc_url, a.http_url, a.metrics_url = server.grpc_url, server.http_url, server.metrics_url
-    return server

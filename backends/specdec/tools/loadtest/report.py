@@ -1,5 +1,6 @@
-"""The load matrix's report: report.json (every figure and ratio, the setup, the guardrails and the
-verdicts), report.md (tables, plots, verdicts) and PNG plots (matplotlib, Agg backend)."""
+"""The load matrix's report: report.json (every figure, every trial, each ratio's interval, the
+setup, the guardrails, the A/A check and the verdicts), report.md (the trust checks first, then
+tables with intervals, plots, verdicts) and PNG plots with error bars (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import platform
 import time
 from pathlib import Path
 
-from specdec.tools.loadtest.guardrails import Guardrails, verdicts
+from specdec.tools.loadtest.guardrails import Guardrails, aa_check, verdicts
+from specdec.tools.loadtest.intervals import CONFIDENCE
+from specdec.tools.loadtest.noise import FOREIGN_LOAD_CORES
 
 # (key, column title, scale, format): the tables' figures; times in ms
 TABLE = [
@@ -19,9 +22,11 @@ TABLE = [
     ("output_tokens_per_s", "out tok/s", 1, "{:.1f}"), ("completed_rps", "req/s", 1, "{:.2f}"),
     ("error_rate", "errors", 100, "{:.1f}%"), ("mean_accepted_length", "accepted len", 1, "{:.2f}"),
     ("acceptance_rate", "accept rate", 1, "{:.2f}"), ("rss_mb", "RSS MB", 1, "{:.0f}"),
-    ("queue_wait_mean", "queue ms", 1000, "{:.1f}"),
+    ("queue_wait_mean", "queue ms", 1000, "{:.1f}"), ("cpu_ms_per_token", "CPU ms/tok", 1, "{:.2f}"),
+    ("foreign_cores", "foreign cores", 1, "{:.2f}"),
 ]
-RATIO_COLUMNS = ["ttft_p50", "itl_p50", "itl_p95", "tpot_p50", "e2e_p50", "output_tokens_per_s", "completed_rps"]
+RATIO_COLUMNS = ["output_tokens_per_s", "tpot_p50", "tpot_p95", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95",
+                 "cpu_ms_per_token"]
 
 
 def fmt(value, scale=1, pattern="{:.3g}") -> str:
@@ -32,10 +37,20 @@ def fmt(value, scale=1, pattern="{:.3g}") -> str:
 
 def build(report: dict, g: Guardrails) -> dict:
     report = dict(report)
+    aa = report["setup"].get("aa_model")
     report["guardrails"] = g.to_dict()
-    report["verdicts"] = verdicts([c for c in report["cells"] if not c["figures"].get("by_served_model")], g)
+    report["verdicts"] = verdicts([c for c in report["cells"] if not c["figures"].get("by_served_model")], g,
+                                  skip=(aa,) if aa else ())
     if report.get("canary_cells"):
         report["canary_verdicts"] = verdicts(report["canary_cells"], g)
+    if aa:
+        report["aa_check"] = aa_check(report["cells"], aa)
+    trials = [t for c in report["cells"] for t in c["trials"]]
+    report["noise"] = {"trials": len(trials), "threshold_cores": FOREIGN_LOAD_CORES,
+                       "foreign_load_trials": sum(1 for t in trials if t["cpu"]["foreign_load"]),
+                       "foreign_cores_mean": (sum(t["cpu"]["foreign_cores"] for t in trials) / len(trials)
+                                              if trials else None),
+                       "foreign_cores_max": max((t["cpu"]["foreign_cores"] for t in trials), default=None)}
     report["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report["environment"] = {"host": platform.node(), "python": platform.python_version(),
                              "machine": platform.machine(), "cpus": _cpus()}
@@ -67,61 +82,113 @@ def _json_default(x):
 
 
 # ---- text -------------------------------------------------------------------------------------------
+STATUS = {"pass": "pass", "fail": "FAIL", "inconclusive": "?"}
+
+
+def fmt_ratio(d: dict | None) -> str:
+    """`1.23x [1.10, 1.38]`: the paired ratio and its interval."""
+    if not d:
+        return "-"
+    if d["lo"] == d["hi"]:
+        return f"{d['value']:.2f}x"
+    hi = "inf" if d["hi"] == float("inf") else f"{d['hi']:.2f}"
+    return f"{d['value']:.2f}x [{d['lo']:.2f}, {hi}]"
+
+
+def trust_lines(report: dict) -> list[str]:
+    """What the reader must know before believing a verdict: the A/A check and the machine's noise."""
+    lines = []
+    aa = report.get("aa_check")
+    if aa:
+        if aa["passed"]:
+            lines.append(f"A/A check passed: `{aa['model']}` (the baseline under a second name) shows no difference "
+                         f"beyond +-{aa['margin']:.0%} at any level.")
+        else:
+            bad = "; ".join(f"c={lv['concurrency']}: {', '.join(lv['differences'])}" for lv in aa["levels"]
+                            if lv["differences"])
+            lines.append(f"**A/A CHECK FAILED**: `{aa['model']}` (the baseline under a second name) differs from the "
+                         f"baseline ({bad}). The machine's noise beat the design: do not trust this run's verdicts.")
+    n = report.get("noise") or {}
+    if n.get("trials"):
+        lines.append(f"Foreign load: {n['foreign_load_trials']} of {n['trials']} trials ran while processes other than "
+                     f"tritonserver and the load generator used more than {n['threshold_cores']:g} cores "
+                     f"(mean {n['foreign_cores_mean']:.2f}, max {n['foreign_cores_max']:.2f} cores). "
+                     + ("Interleaving spreads that load over every model of a round; compare CPU ms per token, "
+                        "which contention barely moves." if n["foreign_load_trials"] else "The machine was quiet."))
+    return lines
+
+
 def verdict_table(report: dict) -> str:
-    first = (report["verdicts"] or report.get("canary_verdicts") or [{}])[0]
+    all_verdicts = report["verdicts"] + report.get("canary_verdicts", [])
+    first = (all_verdicts or [{}])[0]
     rows = [("workload", "method", *[f"c={lv['concurrency']}" for lv in first.get("levels", [])], "verdict")]
     for v in report["verdicts"]:
-        rows.append((v["workload"], v["model"], *["pass" if lv["pass"] else "FAIL" for lv in v["levels"]],
+        rows.append((v["workload"], v["model"], *[STATUS[lv["status"]] for lv in v["levels"]], v["verdict"]))
+    for v in report.get("canary_verdicts", []):
+        rows.append((v["workload"], f"{v['model']} (canary)", *[STATUS[lv["status"]] for lv in v["levels"]],
                      v["verdict"]))
+    rows = [r for r in rows if len(r) == len(rows[0])]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    for v in report.get("canary_verdicts", []):
-        rows.append((v["workload"], f"{v['model']} (canary)", *["pass" if lv["pass"] else "FAIL" for lv in v["levels"]],
-                     v["verdict"]))
-    rows = [r for r in rows if len(r) == len(rows[0])]
-    reasons = [f"  {v['model']} ({v['workload']}): {v['reason']}"
-               for v in report["verdicts"] + report.get("canary_verdicts", [])]
-    return "\n".join(lines + ["reasons:"] + reasons)
+    reasons = [f"  {v['model']} ({v['workload']}): {v['reason']}" for v in all_verdicts]
+    return "\n".join(trust_lines(report) + lines + ["(? = inconclusive)", "reasons:"] + reasons)
 
 
 def markdown(report: dict) -> str:
     s = report["setup"]
+    conf = f"{CONFIDENCE:.0%}"
     lines = ["# Load matrix report", "",
              f"Generated {report['generated']} on {report['environment']['host']} "
-             f"({report['environment']['cpus']} CPUs). Baseline: `{s['baseline']}`.", "",
-             "## Setup (held fixed across models)", "",
-             f"- models: {', '.join(f'`{m}`' for m in s['models'])}",
-             f"- concurrency (closed-loop Locust users): {', '.join(map(str, s['concurrency']))}",
-             f"- protocol: {s['protocol']}; per cell: "
-             + (f"{s['requests']} requests after {s['warmup_requests']} warm-up requests" if s.get("requests")
-                else f"{s['warmup_s']:g} s warm-up, then {s['duration_s']:g} s measured"),
-             f"- prompts per workload: {s['prompts']} (files: {', '.join(s['prompt_files'])}), seed {s['seed']}"]
+             f"({report['environment']['cpus']} CPUs). Baseline: `{s['baseline']}`.", ""]
+    lines += [f"> {t}" for t in trust_lines(report)] + [""]
+    lines += ["## Setup (held fixed across models)", "",
+              f"- models: {', '.join(f'`{m}`' for m in s['models'])}",
+              f"- concurrency (closed-loop Locust users): {', '.join(map(str, s['concurrency']))}",
+              f"- interleaved trials: {s['rounds']} rounds per load level; in each round every model runs one trial "
+              f"({s['warmup_s']:g} s warm-up, then {s['duration_s']:g} s measured; requests in flight drain before "
+              f"the next trial), the order rotated from round to round",
+              f"- protocol: {s['protocol']}; prompts per workload: {s['prompts']} "
+              f"(files: {', '.join(s['prompt_files'])}), seed {s['seed']}"]
     for w in s["workloads"]:
         lines.append(f"- workload `{w['name']}`: max_tokens {w['max_tokens']}, temperature {w['temperature']}, "
                      f"top_p {w['top_p']}")
     lines += ["", "Definitions: TTFT = request sent to first token; ITL = every gap between consecutive tokens "
               "(tokens in one response arrive together, gap 0); TPOT = (E2E - TTFT) / (tokens - 1) per request; "
               "accepted len = 1 + accepted draft tokens per verification round that drafted (server counters); "
-              "RSS = peak resident memory of the model's backend process; queue = time waiting for a KV slot "
-              "(server histogram). Ratios are to the baseline at the same workload and concurrency, in this run.",
-              ""]
+              "RSS = resident memory of the model's backend process at the end of each trial (the largest shown); "
+              "queue = time waiting for a KV slot (server histogram); CPU ms/tok = CPU time of the model's backend "
+              "process per output token; foreign cores = CPU used by processes other than the server and the load "
+              "generator during the trials (mean). Figures pool every trial of a model. Ratios are to the baseline "
+              f"at the same workload and load level: the geometric mean of the per-round paired ratios with its "
+              f"{conf} interval (Student's t over rounds) in brackets.", ""]
     for wname in dict.fromkeys(c["workload"] for c in report["cells"]):
         cells = [c for c in report["cells"] if c["workload"] == wname]
-        lines += [f"## Workload `{wname}`", "", "### Figures", "",
-                  "| model | conc | " + " | ".join(t for _, t, _, _ in TABLE) + " |",
-                  "|---|---:|" + "---:|" * len(TABLE)]
+        lines += [f"## Workload `{wname}`", "", "### Figures (all trials pooled)", "",
+                  "| model | conc | " + " | ".join(t for _, t, _, _ in TABLE) + " | trials under foreign load |",
+                  "|---|---:|" + "---:|" * (len(TABLE) + 1)]
         for c in cells:
             f = c["figures"]
             lines.append(f"| {c['model']} | {c['concurrency']} | "
-                         + " | ".join(fmt(f.get(k), sc, p) for k, _, sc, p in TABLE) + " |")
-        lines += ["", "### Ratio to baseline (same load, same run)", "",
-                  "| model | conc | " + " | ".join(RATIO_COLUMNS) + " |", "|---|---:|" + "---:|" * len(RATIO_COLUMNS)]
+                         + " | ".join(fmt(f.get(k), sc, p) for k, _, sc, p in TABLE)
+                         + f" | {f.get('foreign_load_trials', 0)} of {f.get('trials', 0)} |")
+        lines += ["", f"### Ratio to baseline ({conf} interval over paired rounds)", "",
+                  "| model | conc | " + " | ".join(RATIO_COLUMNS) + " |", "|---|---:|" + "---|" * len(RATIO_COLUMNS)]
         for c in cells:
             if c["model"] == s["baseline"]:
                 continue
             lines.append(f"| {c['model']} | {c['concurrency']} | "
-                         + " | ".join(fmt(c["ratios"].get(k), 1, "{:.2f}x") for k in RATIO_COLUMNS) + " |")
+                         + " | ".join(fmt_ratio(c["ratios"].get(k)) for k in RATIO_COLUMNS) + " |")
+        lines += ["", "### Trials (wall-clock figures beside CPU ms per token and the machine's foreign load)", "",
+                  "| conc | round | model | out tok/s | TPOT p50 ms | ITL p95 ms | CPU ms/tok | foreign cores | flag |",
+                  "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+        for c in sorted(cells, key=lambda c: c["concurrency"]):
+            for t in c["trials"]:
+                f = t["figures"]
+                lines.append(f"| {c['concurrency']} | {t['round']} | {c['model']} | "
+                             f"{fmt(f.get('output_tokens_per_s'), 1, '{:.0f}')} | {fmt(f.get('tpot_p50'), 1000, '{:.1f}')} | "
+                             f"{fmt(f.get('itl_p95'), 1000, '{:.1f}')} | {fmt(f.get('cpu_ms_per_token'), 1, '{:.2f}')} | "
+                             f"{t['cpu']['foreign_cores']:.2f} | {'foreign load' if t['cpu']['foreign_load'] else ''} |")
         lines += ["", "### Acceptance per draft position (server counters: accepted at position p / verification rounds)",
                   "", "| model | conc | per position |", "|---|---:|---|"]
         for c in cells:
@@ -129,38 +196,50 @@ def markdown(report: dict) -> str:
             if pos:
                 lines.append(f"| {c['model']} | {c['concurrency']} | {' '.join(f'{x:.2f}' for x in pos)} |")
         lines += ["", "### Consistency", "",
-                  "| model | conc | requests (all) | tokens streamed (all) | server generated | match |",
-                  "|---|---:|---:|---:|---:|---|"]
+                  "| model | conc | requests (all) | tokens streamed (all) | server generated | match | "
+                  "abandoned (no response by the end of a trial's drain) |",
+                  "|---|---:|---:|---:|---:|---|---:|"]
         for c in cells:
             f = c["figures"]
             lines.append(f"| {c['model']} | {c['concurrency']} | {f.get('cell_requests_all')} | "
                          f"{f.get('client_output_tokens_all')} | {fmt(f.get('server_output_tokens'), 1, '{:.0f}')} | "
-                         f"{f.get('tokens_match_server')} |")
+                         f"{f.get('tokens_match_server')} | {f.get('abandoned_requests', 0)} |")
         lines.append("")
     if report.get("canary_cells"):
         lines += ["## Canary: live traffic split by the router", "",
-                  "The same requests, split by the model that served them (rates depend on the share and are "
-                  "left out; ratios are to the baseline's share of the same traffic).", "",
-                  "| router | conc | served by | requests | TTFT p50 ms | ITL p95 ms | TPOT p50 ms | E2E p50 ms | "
-                  "errors | accept rate | TPOT x base | ITL p95 x base |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "The same requests, split by the model that served them, trial by trial (rates depend on the share "
+                  "and are left out; ratios are to the baseline's share of the same traffic in the same trial).", "",
+                  "| router | conc | served by | requests | TTFT p50 ms | ITL p95 ms | TPOT p50 ms | errors | "
+                  "accept rate | TPOT x base | ITL p95 x base |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
         for c in report["canary_cells"]:
             f, r = c["figures"], c["ratios"]
             lines.append(f"| {c['router']} | {c['concurrency']} | {c['model']} | {f['requests']} | "
                          f"{fmt(f.get('ttft_p50'), 1000, '{:.0f}')} | {fmt(f.get('itl_p95'), 1000, '{:.1f}')} | "
-                         f"{fmt(f.get('tpot_p50'), 1000, '{:.1f}')} | {fmt(f.get('e2e_p50'), 1000, '{:.0f}')} | "
-                         f"{fmt(f.get('error_rate'), 100, '{:.1f}%')} | {fmt(f.get('acceptance_rate'), 1, '{:.2f}')} | "
-                         f"{fmt(r.get('tpot_p50'), 1, '{:.2f}x')} | {fmt(r.get('itl_p95'), 1, '{:.2f}x')} |")
+                         f"{fmt(f.get('tpot_p50'), 1000, '{:.1f}')} | {fmt(f.get('error_rate'), 100, '{:.1f}%')} | "
+                         f"{fmt(f.get('acceptance_rate'), 1, '{:.2f}')} | {fmt_ratio(r.get('tpot_p50'))} | "
+                         f"{fmt_ratio(r.get('itl_p95'))} |")
         lines += [""] + [f"- canary verdict for `{v['model']}` ({v['workload']}): **{v['verdict']}** - {v['reason']}"
                          for v in report.get("canary_verdicts", [])] + [""]
+    if report.get("aa_check"):
+        aa = report["aa_check"]
+        lines += ["## A/A check", "", f"`{aa['model']}` serves the baseline's config under a second name. A difference "
+                  f"is a {conf} interval wholly outside [{1 - aa['margin']:.2f}, {1 / (1 - aa['margin']):.2f}] for any of "
+                  "tokens/s, TPOT, TTFT or ITL (p50, p95).", "", "| workload | conc | result |", "|---|---:|---|"]
+        lines += [f"| {lv['workload']} | {lv['concurrency']} | {lv['result']}"
+                  f"{': ' + ', '.join(lv['differences']) if lv['differences'] else ''} |" for lv in aa["levels"]]
+        lines.append("")
     if report.get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
-    lines += ["## Verdict", "", "Guardrails: " + _guardrails_text(report["guardrails"]), "",
-              "| workload | method | " + " | ".join(
-                  f"c={lv['concurrency']}" for lv in (report["verdicts"] or [{}])[0].get("levels", [])) + " | verdict | reason |",
-              "|---|---|" + "---|" * (len((report["verdicts"] or [{}])[0].get("levels", [])) + 2)]
+    levels = (report["verdicts"] or [{}])[0].get("levels", [])
+    lines += ["## Verdict", "", "Guardrails: " + _guardrails_text(report["guardrails"]) + ".", "",
+              f"A bound decides only when its whole {conf} interval lies on one side of it (pass, **fail**); otherwise "
+              "the level is inconclusive (?) and the reason says how many rounds would likely decide it.", "",
+              "| workload | method | " + " | ".join(f"c={lv['concurrency']}" for lv in levels) + " | verdict | reason |",
+              "|---|---|" + "---|" * (len(levels) + 2)]
     for v in report["verdicts"]:
         lines.append(f"| {v['workload']} | {v['model']} | "
-                     + " | ".join("pass" if lv["pass"] else "**fail**" for lv in v["levels"])
+                     + " | ".join({"pass": "pass", "fail": "**fail**", "inconclusive": "?"}[lv["status"]]
+                                  for lv in v["levels"])
                      + f" | **{v['verdict']}** | {v['reason']} |")
     return "\n".join(lines) + "\n"
 
@@ -177,6 +256,8 @@ def _guardrails_text(g: dict) -> str:
 
 # ---- plots ------------------------------------------------------------------------------------------
 def write_plots(report: dict, out: Path) -> list[Path]:
+    """Per workload: latency and throughput per model (error bars: the interval over trials), the
+    ratios to the baseline with their intervals and the guardrail thresholds, and acceptance."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,6 +265,8 @@ def write_plots(report: dict, out: Path) -> list[Path]:
 
     plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 10,
                          "axes.spines.top": False, "axes.spines.right": False})
+    base = report["setup"]["baseline"]
+    thresholds = _ratio_thresholds(report["guardrails"])
     paths = []
     workloads = list(dict.fromkeys(c["workload"] for c in report["cells"]))
     for wi, wname in enumerate(workloads):
@@ -192,60 +275,63 @@ def write_plots(report: dict, out: Path) -> list[Path]:
         levels = sorted({c["concurrency"] for c in cells})
         xs = list(range(len(levels)))  # evenly spaced load levels (1, 4, 16 read like a log axis)
         tag = f"w{wi}"
-        colors = {m: f"C{i}" for i, m in enumerate(m for m in models if m != report["setup"]["baseline"])}
+        colors = {m: f"C{i}" for i, m in enumerate(m for m in models if m != base)}
+        colors[base] = "black"
+        shift = {m: (i - (len(models) - 1) / 2) * 0.06 for i, m in enumerate(models)}  # bars side by side
 
-        def series(model, key, scale=1.0):
-            by = {c["concurrency"]: c["figures"].get(key) for c in cells if c["model"] == model}
-            return [None if by.get(lv) is None else by[lv] * scale for lv in levels]
+        def bars(ax, model, table, key, scale=1.0):
+            by = {c["concurrency"]: (c.get(table) or {}).get(key) for c in cells if c["model"] == model}
+            ys, lo, hi = [], [], []
+            for lv in levels:
+                d = by.get(lv)
+                ok = d is not None and d["lo"] != float("-inf") and d["hi"] != float("inf")
+                ys.append(d["value"] * scale if d else float("nan"))
+                lo.append((d["value"] - d["lo"]) * scale if ok else 0.0)
+                hi.append((d["hi"] - d["value"]) * scale if ok else 0.0)
+            style = dict(linestyle="--", linewidth=2) if model == base else {}
+            ax.errorbar([x + shift[model] for x in xs], ys, yerr=[lo, hi], marker="o", capsize=3, label=model,
+                        color=colors[model], **style)
 
-        def lines(ax, key, scale, ylabel, title):
-            for m in models:
-                ys = series(m, key, scale)
-                style = dict(color="black", linestyle="--", linewidth=2) if m == report["setup"]["baseline"] \
-                    else dict(color=colors[m])
-                ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=m, **style)
+        def axes_for(ax, ylabel, title):
             ax.set_xticks(xs, [str(lv) for lv in levels])
-            ax.set_xlim(-0.3, len(xs) - 0.7)
+            ax.set_xlim(-0.4, len(xs) - 0.6)
             ax.set_xlabel("concurrent users")
             ax.set_ylabel(ylabel)
-            ax.set_title(title)
-            ax.set_ylim(bottom=0)
+            ax.set_title(title, fontsize=10)
 
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-        lines(axes[0], "itl_p50", 1000, "ms", "Inter-token latency p50")
-        lines(axes[1], "itl_p95", 1000, "ms", "Inter-token latency p95")
-        lines(axes[2], "tpot_p50", 1000, "ms", "Time per output token p50")
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"Latency between tokens - {wname} (lower is better)")
-        paths.append(_save(fig, out / f"{tag}-itl.png"))
+        conf = f"{CONFIDENCE:.0%}"
+        for name, title, panels in [
+            ("itl", "Latency between tokens (lower is better)",
+             [("itl_p50", "ms", "ITL p50"), ("itl_p95", "ms", "ITL p95"), ("tpot_p50", "ms", "TPOT p50")]),
+            ("ttft", "Time to first token (lower is better)", [("ttft_p50", "ms", "TTFT p50"), ("ttft_p95", "ms", "TTFT p95")]),
+            ("throughput", "Throughput and CPU cost",
+             [("output_tokens_per_s", "tokens/s", "Output tokens/s (higher is better)"),
+              ("cpu_ms_per_token", "CPU ms", "Backend CPU ms per output token")]),
+        ]:
+            fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.2))
+            for ax, (key, unit, sub) in zip(axes, panels):
+                for m in models:
+                    bars(ax, m, "means", key, 1000 if unit == "ms" else 1)
+                axes_for(ax, unit, sub)
+                ax.set_ylim(bottom=0)
+            axes[0].legend(fontsize=8)
+            fig.suptitle(f"{title} - {wname}; bars: {conf} interval over trials")
+            paths.append(_save(fig, out / f"{tag}-{name}.png"))
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        lines(axes[0], "output_tokens_per_s", 1, "tokens/s", "Output tokens/s (higher is better)")
-        base = report["setup"]["baseline"]
-        for m in models:
-            if m == base:
-                continue
-            rs = {c["concurrency"]: c["ratios"].get("output_tokens_per_s") for c in cells if c["model"] == m}
-            axes[1].plot(xs, [float("nan") if rs.get(lv) is None else rs[lv] for lv in levels], marker="o", label=m,
-                         color=colors[m])
-        axes[1].axhline(1.0, color="black", linestyle="--", linewidth=1.5, label="baseline")
-        axes[1].axhline(0.95, color="red", linestyle=":", linewidth=1, label="0.95x")
-        axes[1].set_xticks(xs, [str(lv) for lv in levels])
-        axes[1].set_xlim(-0.3, len(xs) - 0.7)
-        axes[1].set_xlabel("concurrent users")
-        axes[1].set_ylabel("x baseline")
-        axes[1].set_title("Output tokens/s vs baseline")
+        ratio_panels = [("output_tokens_per_s", "Output tokens/s"), ("tpot_p50", "TPOT p50"),
+                        ("ttft_p95", "TTFT p95"), ("itl_p95", "ITL p95")]
+        fig, axes = plt.subplots(1, len(ratio_panels), figsize=(18, 4.2))
+        for ax, (key, sub) in zip(axes, ratio_panels):
+            for m in models:
+                if m != base:
+                    bars(ax, m, "ratios", key)
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=1.5, label="baseline")
+            for t in thresholds.get(key, []):
+                ax.axhline(t, color="red", linestyle=":", linewidth=1, label=f"guardrail {t:g}x")
+            axes_for(ax, "x baseline", f"{sub} vs baseline")
         axes[0].legend(fontsize=8)
-        axes[1].legend(fontsize=8)
-        fig.suptitle(f"Throughput - {wname}")
-        paths.append(_save(fig, out / f"{tag}-throughput.png"))
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        lines(axes[0], "ttft_p50", 1000, "ms", "TTFT p50")
-        lines(axes[1], "ttft_p95", 1000, "ms", "TTFT p95")
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"Time to first token - {wname} (lower is better)")
-        paths.append(_save(fig, out / f"{tag}-ttft.png"))
+        fig.suptitle(f"Ratio to the baseline, paired by round - {wname}; bars: {conf} interval")
+        paths.append(_save(fig, out / f"{tag}-ratios.png"))
 
         spec = [m for m in models if m != base]
         low = levels[0] if levels else None
@@ -267,6 +353,15 @@ def write_plots(report: dict, out: Path) -> list[Path]:
             ax.legend(fontsize=8)
             paths.append(_save(fig, out / f"{tag}-acceptance.png"))
     return paths
+
+
+def _ratio_thresholds(g: dict) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in g["rollback"] + ([g["improve"]] if g.get("improve") else []):
+        for k in ("ratio_max", "ratio_min"):
+            if k in r:
+                out.setdefault(r["figure"], []).append(r[k])
+    return out
 
 
 def _save(fig, path: Path) -> Path:

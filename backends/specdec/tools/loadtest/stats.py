@@ -6,9 +6,10 @@ Definitions (all client-side, from what was streamed):
   together: the first token of a response gets the gap since the previous response, the others 0.
   So a speculative step that commits 3 tokens contributes (gap, 0, 0).
 - TPOT: per request, (end-to-end - TTFT) / (tokens - 1): the mean time per token after the first.
-- output tokens/s: tokens that arrived inside the measurement window / window length.
-- completed requests/s: requests that finished (without error) inside the window / window length.
-- latency percentiles, error rate and acceptance: over requests sent inside the window.
+- output tokens/s: tokens that arrived inside the measurement windows / their total length (one
+  window per trial; a model's pooled figures use all its trials' windows).
+- completed requests/s: requests that finished (without error) inside the windows / their length.
+- latency percentiles, error rate and acceptance: over requests sent inside the windows.
 - tokens per response: output tokens per streamed response after the first.
 - mean accepted length (server counters, `server_figures`): 1 + accepted draft tokens per
   verification round that drafted (the bonus token included); None when nothing was drafted.
@@ -21,10 +22,9 @@ import json
 import math
 from pathlib import Path
 
-LOWER_IS_BETTER = {"ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "e2e_p50", "e2e_p95",
-                   "error_rate", "rss_mb", "queue_wait_mean", "queue_wait_p95"}
-HIGHER_IS_BETTER = {"output_tokens_per_s", "completed_rps", "mean_accepted_length", "acceptance_rate"}
-RATIO_FIGURES = sorted(LOWER_IS_BETTER | HIGHER_IS_BETTER)
+# the figures every trial measures: each gets an interval over trials, and a paired ratio to the baseline's
+TRIAL_FIGURES = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "tpot_p50", "tpot_p95", "e2e_p50", "e2e_p95",
+                 "output_tokens_per_s", "completed_rps", "error_rate", "acceptance_rate", "rss_mb", "cpu_ms_per_token")
 
 
 def load_samples(path: str | Path) -> list[dict]:
@@ -67,27 +67,16 @@ def tpot(sample: dict) -> float | None:
     return (sample["e2e"] - sample["ttft"]) / (sample["tokens"] - 1)
 
 
-def window(samples: list[dict], warmup_s: float, duration_s: float | None) -> tuple[float, float]:
-    """The measurement window [w0, w1) in wall-clock seconds: from warmup_s after the first request
-    for duration_s (default: until the last request ended)."""
-    if not samples:
-        return 0.0, 0.0
-    first = min(s["start"] for s in samples)
-    w0 = first + warmup_s
-    if duration_s is None:
-        w1 = max(s["start"] + (s["e2e"] or 0.0) for s in samples)
-    else:
-        w1 = w0 + duration_s
-    return w0, max(w1, w0 + 1e-9)
+def figures(samples: list[dict], windows: list[tuple[float, float]]) -> dict:
+    """The figures of a set of requests over disjoint measurement windows [w0, w1) (wall clock)."""
+    def inside(t: float) -> bool:
+        return any(w0 <= t < w1 for w0, w1 in windows)
 
-
-def figures(samples: list[dict], w0: float, w1: float) -> dict:
-    """The figures of one cell from its samples and measurement window."""
-    measured = [s for s in samples if w0 <= s["start"] < w1]
+    measured = [s for s in samples if inside(s["start"])]
     ok = [s for s in measured if not s.get("error")]
-    length = w1 - w0
-    tokens_in_window = sum(int(n) for s in samples for at, n in s["chunks"] if w0 <= s["start"] + at < w1)
-    completed = sum(1 for s in samples if not s.get("error") and w0 <= s["start"] + (s["e2e"] or 0.0) < w1)
+    length = sum(w1 - w0 for w0, w1 in windows)
+    tokens_in_window = sum(int(n) for s in samples for at, n in s["chunks"] if inside(s["start"] + at))
+    completed = sum(1 for s in samples if not s.get("error") and inside(s["start"] + (s["e2e"] or 0.0)))
     gaps = [g for s in ok for g in token_gaps(s)]
     ttfts = [s["ttft"] for s in ok if s.get("ttft") is not None]
     e2es = [s["e2e"] for s in ok]

@@ -13,22 +13,36 @@ end-to-end latency, the server's acceptance outputs, the error if any). Samples 
 Options (also in the web UI's "Custom parameters", and as LOCUST_<NAME> environment variables):
 --model, --canary-model/--canary-share (route a share of requests to another model), --prompts-file
 or --prompt-band, --max-tokens, --temperature, --top-p, --top-k, --seed, --grpc-url,
---samples-out, --max-requests, --request-timeout.
+--samples-out, --max-requests, --request-timeout, --trial-plan.
+
+`--trial-plan FILE` (what `specdec loadtest` uses) replaces --model with interleaved trials: the
+users send to one model at a time for `warmup_s + duration_s`, then stop sending, wait until every
+request in flight has ended (so no trial overlaps the next), and move on to the next trial's
+model. The process running the plan (the local runner, or the master in distributed mode, which
+tells its workers by message) snapshots the machine's CPU use at the ends of each measurement
+window (`noise.trial_cpu`) and writes one JSON line per trial to the plan's `out` file. Each
+sample records the trial it belongs to.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import gevent
 from gevent.queue import Empty, Queue
+from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
 from locust.exception import StopUser
+
+if TYPE_CHECKING:
+    from specdec.serving.client import Chunk
 
 try:  # let gRPC's blocking calls yield to other greenlets (Locust runs users on gevent)
     import grpc.experimental.gevent as grpc_gevent
@@ -36,6 +50,10 @@ try:  # let gRPC's blocking calls yield to other greenlets (Locust runs users on
     grpc_gevent.init_gevent()
 except Exception:  # pragma: no cover - grpc without gevent support: the HTTP user still works
     pass
+# gRPC runs its blocking calls in the hub's thread pool, and every open stream keeps one of its threads
+# waiting for responses: with the default 10 threads, users beyond ~10 (a demo at concurrency 16) sent
+# requests whose responses no thread ever read
+gevent.get_hub().threadpool.maxsize = 1024
 
 
 @dataclass
@@ -58,13 +76,19 @@ class Sample:
     error: str | None = None
     worker: str = ""
     served_model: str = ""  # set when a canary router names the model that served the request
+    trial: int = -1  # the trial of a --trial-plan run
 
-    def add(self, at: float, text: str, ids: int) -> None:
+    def update(self, at: float, chunk: "Chunk") -> None:
+        """One streamed response, `at` seconds after the request was sent."""
+        ids = len(chunk.token_ids)
         self.chunks.append([round(at, 6), ids])
         self.tokens += ids
-        self.text_chars += len(text)
+        self.text_chars += len(chunk.text)
         if ids and self.ttft is None:
             self.ttft = at
+        self.draft_tokens, self.accepted_tokens = chunk.draft_tokens, chunk.accepted_tokens
+        self.acceptance_rate = chunk.acceptance_rate
+        self.finish_reason = chunk.finish_reason or self.finish_reason
 
 
 # ---- command-line options (Locust shows them in the web UI as well) ---------------------------------
@@ -85,6 +109,7 @@ def _options(parser) -> None:
     g.add_argument("--samples-out", default="", help="write one JSON line per request here")
     g.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0 = run time only)")
     g.add_argument("--request-timeout", type=float, default=300.0)
+    g.add_argument("--trial-plan", default="", help="JSON plan of interleaved trials (written by specdec loadtest)")
     g.add_argument("--send-for", type=float, default=0.0,
                    help="send new requests only this many seconds after the first (0 = until stopped); "
                         "with a longer --run-time, requests in flight end before a distributed run stops")
@@ -104,6 +129,7 @@ class _State:
         self.rng = random.Random(o.seed)
         self.pending: list[dict] = []
         self.first: float | None = None
+        self.gate = Gate()
         self.file = open(o.samples_out, "a", buffering=1) if o.samples_out and not _is_worker(environment) else None
 
     def refresh(self) -> None:
@@ -113,8 +139,16 @@ class _State:
             self.prompts = _load_prompts(o)
             self.prompts_key = (o.prompts_file, o.prompt_band, o.seed)
 
-    def next_request(self) -> tuple[int, str]:
+    def next_request(self) -> tuple[int, str, int]:
+        """The request's index, model and trial (-1 without a plan); waits while a plan's gate is shut."""
         o = self.options
+        if o.trial_plan:
+            while not self.gate.open:
+                if self.gate.finished:
+                    raise StopUser()
+                gevent.sleep(0.01)
+            self.gate.inflight[self.gate.trial] = self.gate.inflight.get(self.gate.trial, 0) + 1
+            return next(self.counter), self.gate.model, self.gate.trial
         now = time.monotonic()
         self.first = self.first if self.first is not None else now
         while o.send_for and now - self.first > o.send_for:
@@ -126,10 +160,12 @@ class _State:
         model = o.model
         if o.canary_model and self.rng.random() < o.canary_share:
             model = o.canary_model
-        return i, model
+        return i, model, -1
 
     def record(self, sample: Sample) -> None:
         o = self.options
+        if sample.trial >= 0:
+            self.gate.inflight[sample.trial] -= 1
         ms = (sample.e2e or 0.0) * 1000
         kind = "gRPC-stream" if sample.protocol == "grpc" else "SSE"
         exc = RuntimeError(sample.error) if sample.error else None
@@ -153,6 +189,75 @@ class _State:
         if self.pending and self.environment.runner is not None:
             batch, self.pending = self.pending, []
             self.environment.runner.send_message("specdec_samples", batch)
+
+
+@dataclass
+class Gate:
+    """Which model the users of this process send to now (a --trial-plan run) and whether they may."""
+    model: str = ""
+    trial: int = -1
+    open: bool = False
+    finished: bool = False
+    inflight: dict[int, int] = field(default_factory=dict)  # trial -> its requests in flight
+    given_up: set[int] = field(default_factory=set)  # trials whose requests in flight were abandoned
+
+    def drained(self, trial: int, timeout_s: float) -> int:
+        """Wait until the trial's requests have all ended, at most timeout_s; then the users give up
+        on the rest (a request the server never answers must not stall the plan). Returns how many
+        were abandoned."""
+        deadline = time.monotonic() + timeout_s
+        while self.inflight.get(trial, 0) > 0 and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        left = self.inflight.get(trial, 0)
+        if left:
+            self.given_up.add(trial)
+        return left
+
+
+def run_plan(environment, plan: dict) -> None:
+    """The trials, one after another (see the module docstring); then the runner quits."""
+    from locust.runners import MasterRunner
+
+    from specdec.tools.loadtest import noise
+
+    runner = environment.runner
+    master = isinstance(runner, MasterRunner)
+    gate = None if master else state(environment).gate
+    # its own thread: the hub's pool is gRPC's (one blocked thread per stream), with 16 streams it has none left
+    pool = ThreadPool(1)
+    own = [os.getpid(), os.getppid()] + ([plan["server_pid"]] if plan.get("server_pid") else [])
+    with open(plan["out"], "a", buffering=1) as out:
+        for index, trial in enumerate(plan["trials"]):
+            stubs = noise.model_stubs(plan.get("server_pid"), trial["model"])
+            start = time.time()
+            if master:
+                runner.send_message("specdec_gate", {"model": trial["model"], "trial": index, "open": True})
+            else:
+                gate.model, gate.trial, gate.open = trial["model"], index, True
+            gevent.sleep(plan["warmup_s"])
+            before = pool.spawn(noise.snapshot).get()  # a thread: reading /proc must not stall the users
+            gevent.sleep(plan["duration_s"])
+            after = pool.spawn(noise.snapshot).get()
+            if master:
+                DRAINED.clear()
+                runner.send_message("specdec_gate", {"model": trial["model"], "trial": index, "open": False,
+                                                     "drain_s": plan["drain_s"]})
+                while len(DRAINED) < runner.worker_count:
+                    gevent.sleep(0.01)
+                abandoned = sum(DRAINED.values())
+            else:
+                gate.open = False
+                abandoned = gate.drained(index, plan["drain_s"])
+            out.write(json.dumps({**trial, "trial": index, "start": start, "w0": before.wall, "w1": after.wall,
+                                  "end": time.time(), "abandoned": abandoned,
+                                  "cpu": noise.trial_cpu(before, after, own, stubs),
+                                  "rss_mb": noise.rss_mb(stubs)}) + "\n")
+    if gate is not None:
+        gate.finished = True
+    runner.quit()
+
+
+DRAINED: dict[str, int] = {}  # the master: worker -> requests it abandoned, once the closed trial drained
 
 
 def _is_worker(environment) -> bool:
@@ -193,6 +298,14 @@ def _on_init(environment, **kwargs) -> None:
     from locust.runners import MasterRunner, WorkerRunner
 
     runner = environment.runner
+    if not isinstance(runner, WorkerRunner):
+        def on_spawned(**kw) -> None:  # every user exists (on every worker): the plan's first trial may start
+            o = environment.parsed_options
+            if o is not None and o.trial_plan:
+                with open(o.trial_plan) as f:
+                    plan = json.load(f)
+                gevent.spawn(run_plan, environment, plan)
+        environment.events.spawning_complete.add_listener(on_spawned)
     if not isinstance(runner, MasterRunner):
         # the heavy imports now: the run time starts counting when users spawn
         from specdec.serving import client  # noqa: F401
@@ -210,7 +323,19 @@ def _on_init(environment, **kwargs) -> None:
                 for line in msg.data:
                     sink["file"].write(json.dumps(line) + "\n")
         runner.register_message("specdec_samples", on_samples)
+        runner.register_message("specdec_drained", lambda msg, **kw: DRAINED.__setitem__(msg.node_id, msg.data))
     elif isinstance(runner, WorkerRunner):
+        def on_gate(msg, **kw) -> None:
+            s = state(environment)
+            s.gate.model, s.gate.trial, s.gate.open = msg.data["model"], msg.data["trial"], msg.data["open"]
+            if not s.gate.open:
+                def report() -> None:
+                    abandoned = s.gate.drained(msg.data["trial"], msg.data["drain_s"])
+                    s.flush_to_master()
+                    runner.send_message("specdec_drained", abandoned)
+                gevent.spawn(report)
+        runner.register_message("specdec_gate", on_gate)
+
         def periodic() -> None:
             while True:
                 gevent.sleep(1.0)
@@ -255,11 +380,11 @@ class _StreamingUser(User):
 
     @task
     def generate(self) -> None:
-        i, model = self.state.next_request()
+        i, model, trial = self.state.next_request()
         o = self.state.options
         prompts = self.state.prompts
         sample = Sample(model, self.protocol, time.time(), i % len(prompts), o.max_tokens, o.temperature,
-                        worker=self.name)
+                        worker=self.name, trial=trial)
         body = {"text_input": prompts[i % len(prompts)], "max_tokens": o.max_tokens, "stream": True,
                 "exclude_input_in_output": True, "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k}
         if o.temperature > 0:
@@ -315,7 +440,7 @@ class GrpcStreamUser(_StreamingUser):
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
         from tritonclient.utils import InferenceServerException
 
-        from specdec.serving.client import grpc_tensors, request_inputs
+        from specdec.serving.client import grpc_tensors, parse_chunk, request_inputs
 
         if self.client is None:
             self._connect()
@@ -325,10 +450,16 @@ class GrpcStreamUser(_StreamingUser):
         deadline = t0 + timeout
         while True:
             try:
-                at, result, error = self.responses.get(timeout=max(0.0, deadline - time.perf_counter()))
+                at, result, error = self.responses.get(timeout=min(1.0, max(0.0, deadline - time.perf_counter())))
             except Empty:
-                sample.error = f"no response within {timeout:.0f} s"
-                self.on_stop()  # the stream is in an unknown state: start a fresh one next time
+                given_up = sample.trial in self.state.gate.given_up
+                if time.perf_counter() < deadline and not given_up:
+                    continue
+                sample.error = (f"no response by the end of trial {sample.trial}'s drain" if given_up else
+                                f"no response within {timeout:.0f} s")
+                # the stream is in an unknown state: leave it (closing it can hang on its reader
+                # thread) and start a fresh one next time
+                self.client, self.responses = None, Queue()
                 return
             if error is not None:
                 msg = error.message() if isinstance(error, InferenceServerException) else str(error)
@@ -339,20 +470,13 @@ class GrpcStreamUser(_StreamingUser):
             response = result.get_response()
             if response.id and response.id != rid:
                 continue  # a late response of an abandoned request
-            text = result.as_numpy("text_output")
-            if text is not None:
-                ids = result.as_numpy("output_ids")
-                sample.add(at - t0, text[0].decode("utf-8", "replace"), 0 if ids is None else int(ids.size))
-                sample.draft_tokens = int(result.as_numpy("total_draft_tokens")[0])
-                sample.accepted_tokens = int(result.as_numpy("total_accepted_draft_tokens")[0])
-                sample.acceptance_rate = float(result.as_numpy("acceptance_rate")[0])
+            final = response.parameters["triton_final_response"].bool_param
+            if result.as_numpy("text_output") is not None:  # not the empty final response
+                sample.update(at - t0, parse_chunk(result.as_numpy, final))
                 served = result.as_numpy("served_model")
                 if served is not None and served.size:
                     sample.served_model = served[0].decode()
-                reason = result.as_numpy("finish_reason")
-                if reason is not None and reason.size and reason[0]:
-                    sample.finish_reason = reason[0].decode()
-            if response.parameters["triton_final_response"].bool_param:
+            if final:
                 return
 
 
@@ -368,6 +492,8 @@ class HttpSseUser(_StreamingUser):
         self.session = requests.Session()
 
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
+        from specdec.serving.client import parse_event
+
         base = self.host if self.host.startswith("http") else f"http://{self.host}"
         with self.session.post(f"{base}/v2/models/{model}/generate_stream", json=body, stream=True,
                                timeout=timeout) as r:
@@ -384,13 +510,7 @@ class HttpSseUser(_StreamingUser):
                         if "error" in payload:
                             sample.error = payload["error"]
                             return
-                        ids = payload.get("output_ids")  # a list, or one number when one token came
-                        n = 0 if ids is None else len(ids) if isinstance(ids, list) else 1
-                        sample.add(at - t0, payload.get("text_output", ""), n)
-                        sample.draft_tokens = int(payload.get("total_draft_tokens", 0))
-                        sample.accepted_tokens = int(payload.get("total_accepted_draft_tokens", 0))
-                        sample.acceptance_rate = float(payload.get("acceptance_rate", 0.0))
-                        sample.finish_reason = payload.get("finish_reason") or sample.finish_reason
+                        sample.update(at - t0, parse_event(payload))
                         sample.served_model = payload.get("served_model") or sample.served_model
             if r.status_code != 200 and sample.error is None:
                 sample.error = f"HTTP {r.status_code}: {r.text[:200]}"

@@ -1,0 +1,155 @@
+"""Confidence intervals for "model figure / baseline figure" from interleaved, paired trials.
+
+The load matrix runs every model once per round at a load level (order rotated per round), so a
+slow period of the machine lands on every model of that round alike. Each round gives one paired
+ratio r_i = figure(model, round i) / figure(baseline, round i); the interval is Student's t on the
+logs of those ratios (a ratio is multiplicative noise, and exp(mean log) is the geometric mean):
+
+    exp(mean(log r) +- t(1 - (1 - confidence) / 2, n - 1) * sd(log r) / sqrt(n))
+
+Why this and not a bootstrap over requests: requests of one trial share that trial's machine
+state, so they are not independent draws; a bootstrap over requests is far too narrow when the
+machine's speed drifts. Why not a bootstrap over rounds: with 3-10 rounds its percentile interval
+under-covers badly, while the t interval keeps its stated error rate for normal log ratios with any
+n >= 2 (tests/test_loadtest_units.py checks that in a seeded simulation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from statistics import NormalDist
+
+CONFIDENCE = 0.90  # two-sided: a one-sided claim (above or below a threshold) is wrong <= 5% of the time
+
+
+def family_confidence(checks: int, confidence: float = CONFIDENCE) -> float:
+    """Bonferroni: the confidence each of `checks` intervals needs so that all of them together
+    hold with `confidence` (a verdict stands on many bounds at many load levels; any one of them
+    can fail it, so each must be surer than the verdict)."""
+    return 1 - (1 - confidence) / max(1, checks)
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float  # a ratio: the geometric mean of the paired per-round ratios; else the mean per round
+    lo: float
+    hi: float
+    n: int  # rounds (with both figures, for a ratio)
+    sd: float  # spread across rounds (of log ratios for a ratio; 0 for n < 2)
+    confidence: float
+    kind: str = "ratio"  # "ratio" (figure / baseline figure) or "mean" (the figure itself)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def at(self, confidence: float) -> "Interval":
+        """The same interval at another confidence (wider for a higher one)."""
+        if self.n < 2 or self.sd == 0.0:
+            return replace(self, confidence=confidence)  # unbounded, or no spread: the same interval
+        half = t_quantile(1 - (1 - confidence) / 2, self.n - 1) * self.sd / math.sqrt(self.n)
+        if self.kind == "ratio":
+            centre = math.log(self.value)
+            return replace(self, lo=math.exp(centre - half), hi=math.exp(centre + half), confidence=confidence)
+        return replace(self, lo=self.value - half, hi=self.value + half, confidence=confidence)
+
+    def above(self, threshold: float) -> bool:
+        """The whole interval lies above the threshold."""
+        return self.n >= 2 and self.lo > threshold
+
+    def below(self, threshold: float) -> bool:
+        return self.n >= 2 and self.hi < threshold
+
+
+@lru_cache(maxsize=4096)
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (bisection on the CDF, Simpson's rule on the density); no scipy needed."""
+    if not 0.0 < p < 1.0 or df < 1:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_cdf(t: float, df: int) -> float:
+    if t < 0:
+        return 1.0 - t_cdf(-t, df)
+    # substitute x = atan(u): the density's heavy tail becomes a smooth integrand on [0, atan(t)]
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def f(x: float) -> float:
+        u = math.tan(x)
+        return math.exp(log_c - (df + 1) / 2 * math.log1p(u * u / df)) * (1 + u * u)
+
+    b, steps = math.atan(t), 400
+    h = b / steps
+    s = f(0.0) + f(b) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, steps))
+    return 0.5 + s * h / 3
+
+
+def paired_ratio(values: list[float | None], base: list[float | None],
+                 confidence: float = CONFIDENCE) -> Interval | None:
+    """The interval for values / base, paired by position (round). Pairs with a missing or
+    non-positive figure are left out; None when no pair is left. With one pair the interval is
+    unbounded (0, inf): one round says nothing about its own spread."""
+    pairs = [(v, b) for v, b in zip(values, base) if _positive(b) and isinstance(v, (int, float)) and v >= 0]
+    if pairs and all(v == 0 for v, _ in pairs):  # e.g. ITL p50 when most tokens arrive several at a time
+        return Interval(0.0, 0.0, 0.0, len(pairs), 0.0, confidence)
+    logs = [math.log(v / b) for v, b in pairs if v > 0]
+    if not logs:
+        return None
+    n = len(logs)
+    mean = sum(logs) / n
+    if n < 2:
+        return Interval(math.exp(mean), 0.0, math.inf, n, 0.0, confidence)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, sd, confidence)
+
+
+def mean_interval(values: list[float | None], confidence: float = CONFIDENCE) -> Interval | None:
+    """The same t interval for a figure itself (error rate, acceptance rate), not a ratio."""
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not xs:
+        return None
+    n, mean = len(xs), sum(xs) / len(xs)
+    if n < 2:
+        return Interval(mean, -math.inf, math.inf, n, 0.0, confidence, "mean")
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, sd, confidence, "mean")
+
+
+def rounds_to_clear(iv: Interval, threshold: float, limit: int = 1000) -> int | None:
+    """Rounds in all that would likely put the interval on one side of the threshold, if the mean and
+    spread of the log ratios stay as measured; None when that would take more than `limit` (the
+    ratio sits on the threshold) or cannot be said (fewer than 2 rounds)."""
+    if iv.n < 2:
+        return None
+    if iv.kind == "ratio":
+        if threshold <= 0 or iv.value <= 0:
+            return None
+        gap = abs(math.log(iv.value) - math.log(threshold))
+    else:
+        gap = abs(iv.value - threshold)
+    if gap == 0.0:
+        return None
+    if iv.sd == 0.0:
+        return iv.n
+    p = 1 - (1 - iv.confidence) / 2
+    z_rounds = int((NormalDist().inv_cdf(p) * iv.sd / gap) ** 2)  # t > z: no fewer rounds than this
+    for n in range(max(iv.n, 2, z_rounds), limit + 1):
+        if t_quantile(p, n - 1) * iv.sd / math.sqrt(n) < gap:
+            return n
+    return None
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0 and math.isfinite(x)
