@@ -53,7 +53,7 @@ except Exception:  # pragma: no cover - grpc without gevent support: the HTTP us
 # gRPC runs its blocking calls in the hub's thread pool, and every open stream keeps one of its threads
 # waiting for responses: with the default 10 threads, users beyond ~10 (a demo at concurrency 16) sent
 # requests whose responses no thread ever read
-gevent.get_hub().threadpool.maxsize = 1024
+gevent.get_hub().threadpool.maxsize = 64
 
 
 @dataclass
