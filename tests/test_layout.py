@@ -4,8 +4,6 @@ only talks to Triton does not load torch."""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "backends" / "specdec"

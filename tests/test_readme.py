@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import pytest
 import requests
 
 from specdec.paths import DEMO_KIT, MODEL_REPOSITORY, REPO_ROOT
+from specdec.serving.server import port_free
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +34,6 @@ def serving_block() -> list[str]:
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     block = re.sub(r"\\\n\s*", "", block)
     return [re.sub(r"\s+#\s.*$", "", line).strip() for line in block.splitlines() if line.strip()]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
 
 
 class Background:

@@ -1,9 +1,9 @@
-"""`specdec serve` as a user runs it, on the real tritonserver: the committed repository serves as
-`make serve` starts it; a killed backend stub is reloaded while the other models keep serving; a
-killed tritonserver is restarted; SIGINT/SIGTERM drain the streams in flight and stop cleanly with
-the ports free at once; SIGHUP, a closed stdout and a killed `specdec serve` leave no tritonserver.
+"""`specdec serve` as a user runs it, on the real tritonserver: a killed backend stub is reloaded
+while the other models keep serving; a killed tritonserver is restarted; SIGINT/SIGTERM drain the
+streams in flight and stop cleanly with the ports free at once; SIGHUP, a closed stdout and a killed
+`specdec serve` leave no tritonserver. (`make serve` on the committed repository: test_readme.py.)
 
-Every server here is a `specdec serve` subprocess (tiny checkpoints, except the `make serve` test).
+Every server here is a `specdec serve` subprocess on tiny checkpoints.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from specdec.paths import MODEL_REPOSITORY, REPO_ROOT
+from specdec.paths import REPO_ROOT
 from specdec.serving.client import grpc_tensors, request_inputs
 from specdec.serving.repository import write_repository
 from specdec.serving.server import free_port
@@ -52,17 +52,12 @@ def repo(tmp_path_factory, tokenizer_dir) -> Path:
 class Serve:
     """`specdec serve` in a subprocess (its own session, as from a terminal), its stdout collected."""
 
-    def __init__(self, tmp: Path, repo: Path, *args: str, ports: list[int] | None = None,
-                 command: list[str] | None = None) -> None:
+    def __init__(self, tmp: Path, repo: Path, *args: str, ports: list[int] | None = None) -> None:
         self.ports = ports or [free_port() for _ in range(3)]
         self.log = tmp / f"tritonserver-{self.ports[0]}.log"
         port_args = ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]),
                      "--metrics-port", str(self.ports[2]), "--log-file", str(self.log), *args]
-        cmd = command or [sys.executable, "-m", "specdec.serving.server", "--model-repository", str(repo)]
-        if command and command[0] == "make":
-            cmd = [*command, f"SERVE_ARGS={' '.join(port_args)}"]
-        else:
-            cmd = [*cmd, *port_args]
+        cmd = [sys.executable, "-m", "specdec.serving.server", "--model-repository", str(repo), *port_args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True, cwd=REPO_ROOT)
         self.lines: list[str] = []
@@ -205,22 +200,6 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
             return value
         time.sleep(interval_s)
     return predicate()
-
-
-# ---- the committed repository, as `make serve` serves it ------------------------------------------
-def test_make_serve_serves_the_committed_repository(tmp_path):
-    models = sorted(p.name for p in MODEL_REPOSITORY.iterdir() if (p / "config.pbtxt").exists())
-    serve = Serve(tmp_path, MODEL_REPOSITORY, command=["make", "-s", "serve"])
-    try:
-        serve.wait_ready(timeout_s=600)
-        for model in models:
-            status, body = generate(serve.http, model)
-            assert status == 200 and len(body["output_ids"]) == 4, (model, body)
-        serve_pid = int(subprocess.check_output(["pgrep", "-P", str(serve.proc.pid), "-f", "specdec.serving.server"]))
-        os.kill(serve_pid, signal.SIGINT)  # Ctrl-C reaches the whole group in a terminal; make would then say 130
-        assert serve.wait_exit(60) == 0, serve.text
-    finally:
-        serve.close()
 
 
 # ---- a dead stub, a dead tritonserver --------------------------------------------------------------

@@ -73,7 +73,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specdec.tools.bench import (available_methods, bench, kit_paths, peer_table, profile_table, table,
+    from specdec.tools.bench import (available_methods, bench, peer_table, profile_table, table,
                                       write_json)
     from specdec.tools.prompts import heldout_prompts, load_jsonl
 

@@ -42,6 +42,14 @@ class ServerError(RuntimeError):
     pass
 
 
+class ServerExited(ServerError):
+    """tritonserver exited on its own before it was ready."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 def pytriton_root() -> Path:
     try:
         import pytriton
@@ -133,11 +141,12 @@ def free_port() -> int:
 
 
 class TritonServer:
-    """A tritonserver process; a context manager that always kills what it started."""
+    """A tritonserver process; a context manager that always kills what it started. A port left
+    as None is a free one (tests, benchmarks and load tests run beside other servers)."""
 
     def __init__(
-        self, model_repository: str | Path, models: list[str] | None = None, http_port: int = 8000,
-        grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 3, log_file: str | Path | None = None,
+        self, model_repository: str | Path, models: list[str] | None = None, http_port: int | None = None,
+        grpc_port: int | None = None, metrics_port: int | None = None, exit_timeout_s: int = 3, log_file: str | Path | None = None,
         verbose: bool = False, backend_dir: str | Path | None = None, extra_args: list[str] | None = None,
         control_dir: str | Path | None = None,
     ) -> None:
@@ -147,11 +156,12 @@ class TritonServer:
         self.models = models or sorted(p.name for p in self.model_repository.iterdir() if (p / "config.pbtxt").exists())
         if not self.models:
             raise ServerError(f"no models (folders with config.pbtxt) in {self.model_repository}")
-        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.http_port, self.grpc_port, self.metrics_port = (p or free_port() for p in (http_port, grpc_port, metrics_port))
         self.exit_timeout_s, self.verbose, self.extra_args = exit_timeout_s, verbose, extra_args or []
         self.backend_dir = Path(backend_dir) if backend_dir else None
         self.log_path = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         self.control_dir = Path(control_dir) if control_dir else None  # control.py: drain and restart counts
+        self.shm_prefix = f"specdec{os.getpid()}_{self.grpc_port}_"
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -178,7 +188,7 @@ class TritonServer:
             "--model-control-mode=explicit", *[f"--load-model={m}" for m in self.models],
             "--strict-readiness=true",
             # a unique shared-memory prefix: several servers (tests, a user's serve) may run at once
-            f"--backend-config=python,shm-region-prefix-name=specdec{os.getpid()}_{self.grpc_port}_",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--log-verbose=1" if self.verbose else "--log-verbose=0",
             *self.extra_args,
         ]
@@ -207,8 +217,8 @@ class TritonServer:
         pending = list(self.models)
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.proc.returncode} before it was ready:\n"
-                                  f"{self.log_tail()}")
+                raise ServerExited(f"tritonserver exited with code {self.proc.returncode} before it was ready:\n"
+                                   f"{self.log_tail()}", self.proc.returncode)
             pending = [m for m in pending if not _ok(f"http://{self.http_url}/v2/models/{m}/ready")]
             if not pending and _ok(f"http://{self.http_url}/v2/health/ready"):
                 return
@@ -264,6 +274,8 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):  # a killed server leaves its regions
+            region.unlink(missing_ok=True)
         return self.proc.returncode
 
     def __enter__(self) -> "TritonServer":
@@ -314,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                                   control_dir=control_dir)
             check_checkpoints(server.model_repository, server.models)
             for port in (args.http_port, args.grpc_port, args.metrics_port):
-                if not _port_free(port):
+                if not port_free(port):
                     raise ServerError(f"port {port} is in use (pick others with --http-port/--grpc-port/--metrics-port)")
         except ServerError as exc:
             console.error(f"error: {exc}")
@@ -323,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             console.say(f"starting tritonserver with {', '.join(server.models)} (log: {server.log_path}) ...")
             t0 = time.monotonic()
-            server.start(args.timeout)
+            supervisor.start()
             starting[0] = False
             console.say(
                 f"ready in {time.monotonic() - t0:.0f} s\n"
@@ -402,7 +414,7 @@ def check_checkpoints(repo: Path, models: list[str]) -> None:
                     "(make demo), or write a repository for your checkpoints: specdec build-repo --target DIR ...")
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """Free for a server: SO_REUSEADDR as tritonserver binds, so connections of a server that just
     stopped (TIME_WAIT, up to 60 s) do not count."""
     with socket.socket() as s:
@@ -414,5 +426,7 @@ def _port_free(port: int) -> bool:
             return False
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m: run the imported module's main, so that the supervisor's
+    from specdec.serving.server import main as imported_main  # ServerError is the one main catches
+
+    sys.exit(imported_main())

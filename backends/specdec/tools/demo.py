@@ -60,7 +60,7 @@ class Progress:
 
     def summary(self) -> None:
         total = time.monotonic() - self.t0
-        self.out.write(self._c(f"\nstages: ", "1") + "  ".join(
+        self.out.write(self._c("\nstages: ", "1") + "  ".join(
             f"{n} {self._c(s, '32' if s == 'ok' else '1;31')}" for n, s, _ in self.results) + f"   ({total:.0f} s)\n")
         self.out.flush()
 
