@@ -16,7 +16,7 @@ from specdec.tools.loadtest.intervals import paired_ratio
 from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, run_level
 from specdec.tools.loadtest.workload import Workload, write_prompts
 from specdec.serving.repository import write_repository
-from specdec.serving.server import TritonServer, free_port
+from specdec.serving.server import TritonServer
 from tiny_checkpoints import make_tiny_kit
 
 pytestmark = pytest.mark.slow
@@ -31,13 +31,8 @@ def served(tmp_path_factory, tokenizer_dir):
     # the draft is a copy of the target: with a fixed k every greedy draft token is accepted
     write_repository(repo, kit["target"], draft=kit["draft"], models=["baseline", "spec_draft"], policy="fixed",
                      k=3, max_batch=4, max_context=512)
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=2, log_file=root / "tritonserver.log")
-    server.start(timeout_s=240)
-    try:
+    with TritonServer(repo, exit_timeout_s=2, log_file=root / "tritonserver.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_smoke_matrix_report_is_consistent(served, tmp_path):

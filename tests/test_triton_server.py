@@ -54,13 +54,8 @@ def served(tmp_path_factory, tokenizer_dir):
     write_repository(repo, kit["target"], eagle=kit["eagle"], models=["spec_eagle"], prefix="slots1_",
                      dtype="float64", policy="fixed", max_batch=1, max_context=512, queue_timeout_s=1.0,
                      eagle_tree=(4, 5, 24))
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=3, log_file=root / "tritonserver.log")
-    server.start(timeout_s=240)
-    try:
+    with TritonServer(repo, exit_timeout_s=3, log_file=root / "tritonserver.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from specdec.core.sampling import SamplingParams, probs
 from specdec.serving.client import grpc_tensors, request_inputs
 from specdec.serving.config import read_parameters
 from specdec.serving.repository import config_pbtxt, main as build_repo
-from specdec.serving.server import TritonServer, free_port
+from specdec.serving.server import TritonServer
 from test_triton_server import grpc_request, http_stream, joined, metric, scrape, wait_for
 from tiny_checkpoints import make_hf_checkpoint, make_perturbed_copy
 
@@ -67,13 +67,8 @@ def served(tmp_path_factory, kit):
     variant(repo, "spec_draft", "spec_draft_incl", inner_exclude_input_in_output="false")
     # drafts longer than the target's max_draft_len (4): every round fails in target_trtllm
     variant(repo, "spec_draft", "spec_draft_too_long", max_draft_len=6, policy="fixed")
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=3, log_file=root / "tritonserver.log")
-    server.start(timeout_s=240)
-    try:
+    with TritonServer(repo, exit_timeout_s=3, log_file=root / "tritonserver.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def inner_requests(server) -> dict[str, int]:

@@ -141,11 +141,12 @@ def free_port() -> int:
 
 
 class TritonServer:
-    """A tritonserver process; a context manager that always kills what it started."""
+    """A tritonserver process; a context manager that always kills what it started. A port left
+    as None is a free one (tests, benchmarks and load tests run beside other servers)."""
 
     def __init__(
-        self, model_repository: str | Path, models: list[str] | None = None, http_port: int = 8000,
-        grpc_port: int = 8001, metrics_port: int = 8002, exit_timeout_s: int = 3, log_file: str | Path | None = None,
+        self, model_repository: str | Path, models: list[str] | None = None, http_port: int | None = None,
+        grpc_port: int | None = None, metrics_port: int | None = None, exit_timeout_s: int = 3, log_file: str | Path | None = None,
         verbose: bool = False, backend_dir: str | Path | None = None, extra_args: list[str] | None = None,
         control_dir: str | Path | None = None,
     ) -> None:
@@ -155,12 +156,12 @@ class TritonServer:
         self.models = models or sorted(p.name for p in self.model_repository.iterdir() if (p / "config.pbtxt").exists())
         if not self.models:
             raise ServerError(f"no models (folders with config.pbtxt) in {self.model_repository}")
-        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.http_port, self.grpc_port, self.metrics_port = (p or free_port() for p in (http_port, grpc_port, metrics_port))
         self.exit_timeout_s, self.verbose, self.extra_args = exit_timeout_s, verbose, extra_args or []
         self.backend_dir = Path(backend_dir) if backend_dir else None
         self.log_path = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         self.control_dir = Path(control_dir) if control_dir else None  # control.py: drain and restart counts
-        self.shm_prefix = f"specdec{os.getpid()}_{grpc_port}_"
+        self.shm_prefix = f"specdec{os.getpid()}_{self.grpc_port}_"
         self.proc: subprocess.Popen | None = None
 
     @property

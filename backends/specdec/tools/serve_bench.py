@@ -36,7 +36,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.config import add_arguments
 from specdec.serving.config import PARAMETERS, backend_options, engine_config_for, read_parameters
 from specdec.serving.repository import MODELS, write_repository
-from specdec.serving.server import TritonServer, free_port
+from specdec.serving.server import TritonServer
 
 DEFAULT_PROMPTS = [
     "def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
@@ -133,7 +133,7 @@ def compare(repo: Path, model: str, prompts: list[str], max_tokens: int, repeats
     conn, child_conn = ctx.Pipe()
     worker = ctx.Process(target=_worker, args=(str(repo / model), child_conn), daemon=True)
     worker.start()
-    server = TritonServer(repo, [model], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server = TritonServer(repo, [model])
     cpu = {"in_process": 0.0, "stub": 0.0, "server": 0.0, "client": 0.0}
     tokens = 0
     try:

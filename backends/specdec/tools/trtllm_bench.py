@@ -28,7 +28,7 @@ from pathlib import Path
 from specdec.paths import DEMO_KIT
 from specdec.serving.client import request_inputs, stream
 from specdec.serving.repository import write_repository
-from specdec.serving.server import TritonServer, free_port
+from specdec.serving.server import TritonServer
 from specdec.serving.trtllm_repository import write_contract_repository
 from specdec.tools.prompts import heldout_prompts
 
@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                                   max_batch=max(levels))
         write_repository(repo, kit / "target", draft=kit / "draft", models=["baseline", "spec_draft"], prefix="inproc_",
                          absolute=True, k=args.max_draft_len, max_batch=max(levels))
-        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              log_file=Path(tmp) / "tritonserver.log")
+        server = TritonServer(repo, log_file=Path(tmp) / "tritonserver.log")
         with server:
             figures = measure(server, prompts, levels, args)
     print(report(figures, args))

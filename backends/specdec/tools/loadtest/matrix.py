@@ -126,14 +126,13 @@ def write_repository_for(kit: str | Path, repo: str | Path, models: list[str] | 
 def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_s: float = 600.0):
     """Serve `repo` on free ports (with the A/A copy of the model `aa_of` added, when given);
     returns the started TritonServer. `specdec loadtest` and `specdec demo` start servers here."""
-    from specdec.serving.server import TritonServer, free_port
+    from specdec.serving.server import TritonServer
 
     repo = Path(repo)
     if aa_of is not None:
         write_aa_model(repo, aa_of)
     out.mkdir(parents=True, exist_ok=True)
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          exit_timeout_s=3, log_file=out / "tritonserver.log")
+    server = TritonServer(repo, exit_timeout_s=3, log_file=out / "tritonserver.log")
     server.start(timeout_s=timeout_s)
     return server
 
