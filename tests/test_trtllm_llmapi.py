@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from specdec.serving.client import ClientError, request_inputs
-from specdec.serving.trtllm_llmapi import llmapi_arrays, llmapi_body
+from specdec.serving.trtllm_llmapi import llmapi_body
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("build_engines", ROOT / "build" / "trtllm" / "build_engines.py")
@@ -147,7 +147,7 @@ def test_the_clients_llmapi_request_uses_only_declared_inputs():
 PROBE = """
 import json
 from types import SimpleNamespace
-from specdec.serving.trtllm_llmapi import llmapi_arrays
+from specdec.serving.client import llmapi_arrays
 from specdec.tools.loadtest import users
 
 class Probe(users.GrpcStreamUser):

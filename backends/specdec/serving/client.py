@@ -19,7 +19,8 @@ from typing import Iterator
 import numpy as np
 
 from specdec.serving.interface import INPUTS
-from specdec.serving.trtllm_llmapi import llmapi_arrays, llmapi_body
+from specdec.serving.trtllm_llmapi import TYPES as LLMAPI_TYPES
+from specdec.serving.trtllm_llmapi import llmapi_body
 
 NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64,
             "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
@@ -83,6 +84,16 @@ def request_inputs(prompt: str, interface: str = "specdec", **options) -> dict[s
             arrays[name] = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
         else:
             arrays[name] = np.array([value], dtype=NP_TYPES[f.dtype])
+    return arrays
+
+
+def llmapi_arrays(body: dict[str, object]) -> dict[str, np.ndarray]:
+    """An llmapi request body (`trtllm_llmapi.llmapi_body`) as gRPC input arrays in the model's dtypes."""
+    arrays = {}
+    for name, value in body.items():
+        dtype = NP_TYPES[LLMAPI_TYPES[name]]
+        values = value if isinstance(value, list) else [value]
+        arrays[name] = np.array([v.encode("utf-8") for v in values] if dtype is np.object_ else values, dtype=dtype)
     return arrays
 
 

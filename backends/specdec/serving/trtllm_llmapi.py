@@ -6,12 +6,10 @@ That model takes `text_input`, `streaming` and per-request `sampling_param_*` te
 `text_output` (no token ids) plus, when asked with `sampling_param_return_perf_metrics`, the
 speculative-decoding counters under the names specdec's models use (`acceptance_rate`,
 `total_draft_tokens`, `total_accepted_draft_tokens`), so `client.parse_chunk` reads both.
-Plain data and numpy, no torch.
+Plain data, no torch (`client.llmapi_arrays` makes the gRPC arrays).
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 # specdec option -> (llmapi input, Triton type of that input in the llmapi config.pbtxt)
 OPTIONS = {
@@ -29,8 +27,6 @@ OPTIONS = {
 ALWAYS = {"sampling_param_return_perf_metrics": (True, "TYPE_BOOL"), "return_finish_reason": (True, "TYPE_BOOL")}
 TYPES = {"text_input": "TYPE_STRING", **{name: t for name, t in OPTIONS.values()},
          **{name: t for name, (_, t) in ALWAYS.items()}}
-NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32,
-            "TYPE_BOOL": np.bool_}
 
 
 def llmapi_body(prompt: str, **options) -> dict[str, object]:
@@ -54,15 +50,3 @@ def llmapi_body(prompt: str, **options) -> dict[str, object]:
         body[name] = ([value] if isinstance(value, str) else list(value)) if option == "stop_words" else value
     body.update({name: value for name, (value, _) in ALWAYS.items()})
     return body
-
-
-def llmapi_arrays(body: dict[str, object]) -> dict[str, np.ndarray]:
-    """An llmapi body as the input arrays of a gRPC request (the model's dtypes)."""
-    arrays = {}
-    for name, value in body.items():
-        dtype = NP_TYPES[TYPES[name]]
-        values = value if isinstance(value, list) else [value]
-        if dtype is np.object_:
-            values = [v.encode("utf-8") for v in values]
-        arrays[name] = np.array(values, dtype=dtype)
-    return arrays

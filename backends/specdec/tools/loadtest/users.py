@@ -41,7 +41,7 @@ from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
-from specdec.serving.trtllm_llmapi import llmapi_arrays, llmapi_body
+from specdec.serving.trtllm_llmapi import llmapi_body
 
 if TYPE_CHECKING:
     from specdec.serving.client import Chunk
@@ -446,7 +446,7 @@ class GrpcStreamUser(_StreamingUser):
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
         from tritonclient.utils import InferenceServerException
 
-        from specdec.serving.client import grpc_tensors, parse_chunk, request_inputs
+        from specdec.serving.client import grpc_tensors, llmapi_arrays, parse_chunk, request_inputs
 
         if self.client is None:
             self._connect()
