@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from scipy.stats import chisquare
 
 from specdec.core.errors import InvalidRequest
 from specdec.core.models.checkpoint import load_model
@@ -157,3 +158,68 @@ def test_parse_rejects_a_batch_and_unknown_inputs():
         parse_inputs({**t, "beam_width": np.array([[1]], np.int32)})
     with pytest.raises(InvalidRequest, match="request_output_len is missing"):
         parse_inputs({k: v for k, v in t.items() if k != "request_output_len"})
+
+
+# ---- draft_logits: rejection sampling against the draft's distribution (core.verify) -------------
+V = 8  # a vocabulary small enough to know the target's first-token distribution exactly
+DRAFT_LEN, SAMPLES = 2, 3000
+PROMPT_V = [1, 2, 3, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory, tokenizer_dir):
+    from tiny_checkpoints import make_small_vocab_model
+
+    return load_model(make_small_vocab_model(tmp_path_factory.mktemp("small"), tokenizer_dir, V, seed=21), torch.float64)
+
+
+def with_draft_logits(prompt, draft, logits, **extra):
+    t = tensors(prompt, len(draft) + 1, draft_input_ids=draft, exclude_input_in_output=True, **extra)
+    return {**t, "draft_logits": np.asarray(logits, np.float32)[None]}  # [1 (batch), n, V]
+
+
+def first_tokens_with_draft_logits(model, params: SamplingParams, draft_logits: torch.Tensor) -> torch.Tensor:
+    """Counts of the first output token over SAMPLES seeded verification requests whose draft tokens
+    are drawn from the draft's own distribution q (what rejection sampling assumes)."""
+    q = probs(draft_logits.double(), params)
+    g = torch.Generator().manual_seed(7)
+    reqs = []
+    for seed in range(SAMPLES):
+        draft = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(DRAFT_LEN)]
+        reqs.append(parse_inputs(with_draft_logits(PROMPT_V, draft, draft_logits.numpy(), temperature=params.temperature,
+                                                   runtime_top_p=params.top_p, random_seed=seed)))
+    core, counts = ContractModel(model, max_batch=64, max_draft_len=DRAFT_LEN), torch.zeros(V)
+    for start in range(0, SAMPLES, 64):
+        for replies in drive(core, reqs[start: start + 64]):
+            counts[ids_of(replies[-1])[0]] += 1
+    return counts
+
+
+
+def test_draft_logits_sampling_follows_the_targets_exact_first_token_distribution(small_model):
+    params = SamplingParams(temperature=0.9, top_p=1.0)
+    exact = probs(small_model.logits(small_model(torch.tensor([PROMPT_V])))[0, -1:].detach(), params)[0]
+    draft_logits = torch.randn(DRAFT_LEN, V, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2
+    q0 = probs(draft_logits.double(), params)[0]
+    assert float((exact - q0).abs().sum()) > 0.5  # the draft disagrees a lot: acceptance alone would show
+    counts = first_tokens_with_draft_logits(small_model, params, draft_logits)
+
+    def p_value(p):
+        return float(chisquare(counts.numpy(), (p * SAMPLES).numpy()).pvalue)
+
+    assert p_value(exact) > 1e-3
+    assert p_value(q0) < 1e-3  # the test has power: the same samples reject the draft's distribution
+
+
+def test_greedy_with_draft_logits_returns_what_token_matching_returns(model):
+    ref = reference_greedy(model, PROMPT, 4)
+    vocab = model.config.vocab_size
+    wrong = (ref[1] + 1) % vocab
+    logits = np.random.default_rng(5).normal(size=(3, vocab)).astype(np.float32)
+    core = ContractModel(model, max_draft_len=4)
+    for draft in (ref[:3], ref[:1] + [wrong, ref[2]], [wrong, ref[1], ref[2]]):
+        (matching,) = drive(core, [parse_inputs(tensors(PROMPT, 4, draft_input_ids=draft, exclude_input_in_output=True,
+                                                        temperature=0.0))])
+        (rejection,) = drive(core, [parse_inputs(with_draft_logits(PROMPT, draft, logits, temperature=0.0))])
+        assert ids_of(rejection[-1]) == ids_of(matching[-1])
+    assert ids_of(matching[-1]) == ref[:1]  # the last draft was rejected at once: the target's own token

@@ -38,7 +38,17 @@ PINNED_BACKEND = "v0.18.0"
 PINNED_IMAGE = "nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3"
 
 METHODS = ("baseline", "draft", "medusa", "eagle")
-MODEL_NAMES = {"baseline": "baseline", "draft": "spec_draft", "medusa": "spec_medusa", "eagle": "spec_eagle"}
+MODEL_NAMES = {"baseline": "baseline", "draft": "spec_draft", "medusa": "spec_medusa", "eagle": "spec_eagle",
+               "eagle3": "spec_eagle3", "ngram": "spec_ngram"}
+
+# TensorRT-LLM >= 1.x serves Hugging Face checkpoints through its LLM API (PyTorch backend, no engine
+# build): one `tensorrt_llm` Python model per served name, configured by its 1/model.yaml, whose
+# `speculative_config` picks the method (decoding_type as TensorRT-LLM's docs for the llmapi model spell it).
+INTERFACES = ("inflight_batcher", "llmapi")
+LLMAPI_METHODS = ("baseline", "draft", "eagle3", "ngram")
+LLMAPI_DECODING_TYPES = {"draft": "Draft_Target", "eagle3": "Eagle3", "ngram": "NGram"}
+LLMAPI_TEMPLATE = ("all_models/llmapi/tensorrt_llm", "triton_backend/all_models/llmapi/tensorrt_llm")
+NGRAM_MATCH = 3  # max_matching_ngram_size: the longest suffix NGram looks up in the prompt and output
 TARGET_MODEL, DRAFT_MODEL = "target_trtllm", "draft_trtllm"  # the models the orchestrator calls (as on CPU)
 
 # Medusa's default sparse tree (FasterDecoding/Medusa medusa_choices.py, "mc_sim_7b_63"); TensorRT-LLM and
@@ -103,7 +113,9 @@ class Options:
     draft: Path | None = None
     medusa: Path | None = None
     eagle: Path | None = None
+    eagle3: Path | None = None  # an EAGLE-3 draft head (llmapi interface only)
     methods: tuple[str, ...] = METHODS
+    interface: str = "inflight_batcher"
     dtype: str = "float16"
     max_batch: int = 8
     max_input_len: int | None = None
@@ -564,12 +576,76 @@ def repository_steps(opts: Options) -> list[Step]:
 
 
 def plan(opts: Options) -> list[Step]:
-    for method, folder in (("draft", opts.draft), ("medusa", opts.medusa), ("eagle", opts.eagle)):
+    allowed = LLMAPI_METHODS if opts.interface == "llmapi" else METHODS
+    for m in opts.methods:
+        if m not in allowed:
+            raise PlanError(f"method {m!r} is not served by the {opts.interface} interface; "
+                            f"choose from {', '.join(allowed)}")
+    for method, folder in (("draft", opts.draft), ("medusa", opts.medusa), ("eagle", opts.eagle),
+                           ("eagle3", opts.eagle3)):
         if method in opts.methods and (folder is None or not folder.is_dir()):
             raise PlanError(f"method {method!r} needs a {method} checkpoint folder (got {folder})")
     if not opts.target.is_dir():
         raise PlanError(f"target checkpoint folder {opts.target} does not exist")
+    if opts.interface == "llmapi":
+        return llmapi_steps(opts)
     return engine_steps(opts) + repository_steps(opts)
+
+
+# ------------------------------------------------------------------------------------ llmapi models
+
+def speculative_config(opts: Options, method: str) -> dict | None:
+    """model.yaml's speculative_config for a method; None for baseline (the target alone)."""
+    if method == "baseline":
+        return None
+    config: dict = {"decoding_type": LLMAPI_DECODING_TYPES[method], "max_draft_len": opts.draft_len}
+    if method == "draft":
+        config["speculative_model"] = str(opts.draft)
+    elif method == "eagle3":
+        config["speculative_model"] = str(opts.eagle3)
+    elif method == "ngram":
+        config["max_matching_ngram_size"] = NGRAM_MATCH
+    return config
+
+
+def llmapi_model_config(opts: Options, method: str) -> dict:
+    """The whole model.yaml: LLM API arguments, then triton_config (decoupled, so clients can stream;
+    max_batch_size 0 as the template asks: the LLM API batches requests itself)."""
+    config: dict = {"model": str(opts.target), "backend": "pytorch", "tensor_parallel_size": 1,
+                    "pipeline_parallel_size": 1, "max_batch_size": opts.max_batch}
+    spec = speculative_config(opts, method)
+    if spec is not None:
+        config["speculative_config"] = spec
+    config["triton_config"] = {"max_batch_size": 0, "decoupled": True}
+    return config
+
+
+def yaml_text(config: dict, indent: int = 0) -> str:
+    """Block YAML for nested dicts of str/int/float/bool (strings JSON-quoted, which YAML reads as is)."""
+    lines = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines.append(f"{' ' * indent}{key}:\n{yaml_text(value, indent + 2)}")
+        else:
+            lines.append(f"{' ' * indent}{key}: {json.dumps(value)}\n")
+    return "".join(lines)
+
+
+def llmapi_steps(opts: Options) -> list[Step]:
+    template = locate(opts.backend_root, LLMAPI_TEMPLATE)
+    steps: list[Step] = []
+    repos = ({opts.repository: list(opts.methods)} if opts.layout == "single" else
+             {opts.repository / MODEL_NAMES[m]: [m] for m in opts.methods})
+    for repo, methods in repos.items():
+        for method in methods:
+            dst, config = repo / MODEL_NAMES[method], llmapi_model_config(opts, method)
+            steps.append(Step(f"{MODEL_NAMES[method]}: copy the llmapi tensorrt_llm template",
+                              helper(opts, "_copy-model", str(template), str(dst), MODEL_NAMES[method])))
+            steps.append(Step(f"{MODEL_NAMES[method]}: write 1/model.yaml",
+                              helper(opts, "_write-text", str(dst / "1" / "model.yaml"), yaml_text(config)),
+                              params=tuple((k, json.dumps(v)) for k, v in config.items())))
+        steps.append(Step(f"check repository {repo}", helper(opts, "_verify-repo", str(repo))))
+    return steps
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -721,6 +797,7 @@ HELPERS = {
     "_prepare-eagle": lambda a: prepare_eagle(Path(a[0]), Path(a[1]), Path(a[2])),
     "_medusa-pt": lambda a: medusa_pt(Path(a[0]), Path(a[1])),
     "_copy-model": lambda a: copy_model(Path(a[0]), Path(a[1]), a[2], list(a[3:])),
+    "_write-text": lambda a: Path(a[0]).write_text(a[1]),
 }
 
 
@@ -774,14 +851,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
     target = pick(args.target, "target")
     if target is None:
         raise PlanError("give --kit or --target")
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    for m in methods:
-        if m not in METHODS:
-            raise PlanError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    default = LLMAPI_METHODS if args.interface == "llmapi" else METHODS
+    methods = tuple(m.strip() for m in (args.methods or ",".join(default)).split(",") if m.strip())
     return Options(
         out=Path(args.out).resolve(), trtllm_root=Path(args.trtllm_root), backend_root=Path(args.backend_root),
         target=target, draft=pick(args.draft, "draft"), medusa=pick(args.medusa, "medusa"),
-        eagle=pick(args.eagle, "eagle"), methods=methods, dtype=args.dtype, max_batch=args.max_batch,
+        eagle=pick(args.eagle, "eagle"), eagle3=pick(args.eagle3, "eagle3"), methods=methods,
+        interface=args.interface, dtype=args.dtype, max_batch=args.max_batch,
         max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, draft_len=args.draft_len,
         medusa_choices=parse_tree(args.medusa_choices) if args.medusa_choices else None,
         eagle_choices=parse_tree(args.eagle_choices) if args.eagle_choices else None,
@@ -801,7 +877,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trtllm-root", default="/app", help="TensorRT-LLM checkout (holds examples/)")
     p.add_argument("--backend-root", default="/app",
                    help="tensorrtllm_backend checkout (holds all_models/inflight_batcher_llm and tools/)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma list of " + ", ".join(METHODS))
+    p.add_argument("--eagle3", help="EAGLE-3 draft head folder, llmapi interface (overrides KIT/eagle3)")
+    p.add_argument("--interface", default="inflight_batcher", choices=INTERFACES,
+                   help="inflight_batcher: engines + tensorrtllm_backend templates (TensorRT-LLM 0.x); "
+                        "llmapi: TensorRT-LLM >= 1.x LLM API models (model.yaml, no engine build)")
+    p.add_argument("--methods", help=f"comma list; inflight_batcher: {', '.join(METHODS)} (default all); "
+                                     f"llmapi: {', '.join(LLMAPI_METHODS)} (default all)")
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--max-input-len", type=int, help="default: half of --max-seq-len")
@@ -830,8 +911,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print(f"# TensorRT-LLM {PINNED_TRTLLM} / tensorrtllm_backend {PINNED_BACKEND} / {PINNED_IMAGE}")
-        templates = locate(opts.backend_root, TEMPLATES)
+        if opts.interface == "llmapi":
+            print("# TensorRT-LLM >= 1.x LLM API models (no engine build; the PyTorch backend loads the checkpoints)")
+        else:
+            print(f"# TensorRT-LLM {PINNED_TRTLLM} / tensorrtllm_backend {PINNED_BACKEND} / {PINNED_IMAGE}")
+        templates = locate(opts.backend_root, LLMAPI_TEMPLATE if opts.interface == "llmapi" else TEMPLATES)
         if not templates.exists():
             print(f"# note: no templates under {opts.backend_root}: every planned parameter is listed; a real run "
                   "passes fill_template.py only those its template has")

@@ -19,6 +19,8 @@ from typing import Iterator
 import numpy as np
 
 from specdec.serving.interface import INPUTS
+from specdec.serving.trtllm_llmapi import TYPES as LLMAPI_TYPES
+from specdec.serving.trtllm_llmapi import llmapi_body
 
 NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64,
             "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
@@ -59,8 +61,16 @@ class Summary:
         return (self.tokens - 1) / gen if self.tokens > 1 and gen > 0 else 0.0
 
 
-def request_inputs(prompt: str, **options) -> dict[str, np.ndarray]:
-    """Input arrays (the model's dtypes, shape [1]) for the options that are not None."""
+def request_inputs(prompt: str, interface: str = "specdec", **options) -> dict[str, np.ndarray]:
+    """Input arrays (the model's dtypes, shape [1]) for the options that are not None; interface
+    `llmapi` names them as TensorRT-LLM's llmapi model does (serving/trtllm_llmapi.py)."""
+    if interface == "llmapi":
+        try:
+            return llmapi_arrays(llmapi_body(prompt, **options))
+        except ValueError as exc:
+            raise ClientError(str(exc)) from None
+    if interface != "specdec":
+        raise ClientError(f"interface must be specdec or llmapi, got {interface!r}")
     spec = {f.name: f for f in INPUTS}
     arrays = {"text_input": np.array([prompt.encode("utf-8")], dtype=np.object_)}
     for name, value in options.items():
@@ -74,6 +84,16 @@ def request_inputs(prompt: str, **options) -> dict[str, np.ndarray]:
             arrays[name] = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
         else:
             arrays[name] = np.array([value], dtype=NP_TYPES[f.dtype])
+    return arrays
+
+
+def llmapi_arrays(body: dict[str, object]) -> dict[str, np.ndarray]:
+    """An llmapi request body (`trtllm_llmapi.llmapi_body`) as gRPC input arrays in the model's dtypes."""
+    arrays = {}
+    for name, value in body.items():
+        dtype = NP_TYPES[LLMAPI_TYPES[name]]
+        values = value if isinstance(value, list) else [value]
+        arrays[name] = np.array([v.encode("utf-8") for v in values] if dtype is np.object_ else values, dtype=dtype)
     return arrays
 
 
@@ -139,7 +159,7 @@ def _stream_http(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
     body = {}
     for name, array in inputs.items():
         values = [v.decode("utf-8") if isinstance(v, bytes) else v.item() for v in array.reshape(-1)]
-        body[name] = values if name == "stop_words" else values[0]
+        body[name] = values if name in ("stop_words", "sampling_param_stop") else values[0]
     base = url if url.startswith("http") else f"http://{url}"
     try:
         with requests.post(f"{base}/v2/models/{model}/generate_stream", json=body, stream=True, timeout=timeout_s) as r:
@@ -209,7 +229,7 @@ def run(url: str, model: str, prompt: str, protocol: str = "grpc", echo=None, ti
     first = None
     text, tokens, chunks, last = [], 0, 0, None
     for chunk in stream(url, model, request_inputs(prompt, **options), protocol, timeout_s):
-        if chunk.token_ids and first is None:
+        if (chunk.token_ids or chunk.text) and first is None:  # llmapi models return text only
             first = chunk.time
         if echo is not None and chunk.text:
             echo(chunk.text)
@@ -227,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("prompt", help="the prompt ('-' reads stdin)")
     ap.add_argument("--model", default="spec_eagle")
     ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    ap.add_argument("--interface", choices=["specdec", "llmapi"], default="specdec",
+                    help="llmapi: a TensorRT-LLM >= 1.x llmapi model (text only: no token counts)")
     ap.add_argument("--url", help="server address (default localhost:8001 for gRPC, localhost:8000 for HTTP)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, help="0 = greedy (the server's default)")
@@ -257,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                 seed=args.seed, stop_words=args.stop, min_tokens=args.min_tokens,
                 ignore_eos=True if args.ignore_eos else None, num_draft_tokens=args.num_draft_tokens,
-                exclude_input_in_output=not args.include_prompt, stream=not args.no_stream)
+                exclude_input_in_output=not args.include_prompt, stream=not args.no_stream, interface=args.interface)
     except ClientError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1

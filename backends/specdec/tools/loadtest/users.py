@@ -41,6 +41,8 @@ from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
+from specdec.serving.trtllm_llmapi import llmapi_body
+
 if TYPE_CHECKING:
     from specdec.serving.client import Chunk
 
@@ -84,7 +86,7 @@ class Sample:
         self.chunks.append([round(at, 6), ids])
         self.tokens += ids
         self.text_chars += len(chunk.text)
-        if ids and self.ttft is None:
+        if (ids or chunk.text) and self.ttft is None:  # llmapi models return text only
             self.ttft = at
         self.draft_tokens, self.accepted_tokens = chunk.draft_tokens, chunk.accepted_tokens
         self.acceptance_rate = chunk.acceptance_rate
@@ -96,6 +98,8 @@ class Sample:
 def _options(parser) -> None:
     g = parser  # top-level options: Locust lists those (not argument groups) in the web UI
     g.add_argument("--model", default="spec_eagle", help="served model to load-test")
+    g.add_argument("--interface", default="specdec", choices=["specdec", "llmapi"],
+                   help="llmapi: TensorRT-LLM >= 1.x llmapi models (serving/trtllm_llmapi.py)")
     g.add_argument("--canary-model", default="", help="send --canary-share of the requests to this model instead")
     g.add_argument("--canary-share", type=float, default=0.0, help="share of requests for --canary-model (0..1)")
     g.add_argument("--prompts-file", default="", help="JSONL with a \"prompt\" per line (default: held-out code)")
@@ -389,6 +393,8 @@ class _StreamingUser(User):
                 "exclude_input_in_output": True, "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k}
         if o.temperature > 0:
             body["seed"] = o.seed + i
+        if o.interface == "llmapi":
+            body = llmapi_body(body.pop("text_input"), **body)
         t0 = time.perf_counter()
         try:
             self.stream(model, body, sample, t0, o.request_timeout)
@@ -440,11 +446,12 @@ class GrpcStreamUser(_StreamingUser):
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
         from tritonclient.utils import InferenceServerException
 
-        from specdec.serving.client import grpc_tensors, parse_chunk, request_inputs
+        from specdec.serving.client import grpc_tensors, llmapi_arrays, parse_chunk, request_inputs
 
         if self.client is None:
             self._connect()
-        tensors = grpc_tensors(request_inputs(body.pop("text_input"), **body))
+        tensors = grpc_tensors(llmapi_arrays(body) if self.state.options.interface == "llmapi"
+                               else request_inputs(body.pop("text_input"), **body))
         rid = uuid.uuid4().hex[:16]
         self.client.async_stream_infer(model, tensors, request_id=rid, enable_empty_final_response=True)
         deadline = t0 + timeout
