@@ -234,11 +234,11 @@ def test_long_sequences_never_overflow_the_caches(kit, method, batch):
     proposers catch up on each row's pending tokens in one padded forward, and that padding once
     ran past the end of the long sequence's slot (IndexError). Each output equals its run alone."""
     max_context, k = 96, 4
-    ids = [t for p in prompts(40, seed=9) for t in engine_tokenizer(kit).encode(p)]
+    eng = engine(kit, method, max_batch=batch, max_context=max_context, k=k)
+    ids = [t for p in prompts(40, seed=9) for t in eng.tokenizer.encode(p)]
     long_running = (ids[:6], SamplingParams(max_tokens=max_context - 6, ignore_eos=True))
     newcomers = [(ids[10 * i : 10 * i + n], SamplingParams(max_tokens=max_context - n, ignore_eos=True))
                  for i, n in enumerate([88, 70, 60][: batch - 1])]
-    eng = engine(kit, method, max_batch=batch, max_context=max_context, k=k)
     results = [Result()]
     eng.submit(*long_running, results[0].add)
     for _ in range(12):  # the long-running sequence gets well past its prompt first
@@ -252,12 +252,6 @@ def test_long_sequences_never_overflow_the_caches(kit, method, batch):
     for result, (prompt, params) in zip(results, [long_running] + newcomers):
         assert result.error is None
         assert result.token_ids == alone.generate([prompt], params)[0].token_ids
-
-
-def engine_tokenizer(kit):
-    from specdec.core.models.tokenizer import Tokenizer
-
-    return Tokenizer(kit["target"])
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle2"])
