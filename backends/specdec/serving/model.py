@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import queue
+import subprocess
 import threading
 import time
 import traceback
@@ -144,8 +145,20 @@ class Stream:
         return True
 
 
+def exit_with_server(server_pid: int) -> None:
+    """Kill this stub once tritonserver is gone (killed, say): the stub's own check takes minutes,
+    holding the model's memory. The guard is a tiny shell process, not a thread of ours: a stub
+    whose thread blocks in a send to the dead server while holding the GIL (seen: every thread in
+    a futex wait, parent pid 1) never runs a Python check again. It ends with the stub."""
+    subprocess.Popen(
+        ["/bin/sh", "-c", 'while kill -0 "$1" && kill -0 "$2"; do sleep 0.2; done 2>/dev/null; kill -9 "$2" 2>/dev/null',
+         "specdec-stub-guard", str(server_pid), str(os.getpid())],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        exit_with_server(os.getppid())  # first: a server killed while the model loads must not leave it behind
         config = json.loads(args["model_config"])
         self.name = args["model_name"]
         if not pb_utils.using_decoupled_model_transaction_policy(config):
@@ -166,7 +179,6 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.control = control.control_dir()
-        self.server_pid = os.getppid()  # tritonserver
         self.draining = False
         counts = control.restarts(self.control)
         self.metrics.restarts(counts["models"].get(self.name, 0), counts.get("server", 0))
@@ -222,11 +234,8 @@ class TritonPythonModel:
     def _watch(self) -> None:
         """Streaming requests are checked by the sender after each response; requests still queued
         for a slot and non-streaming ones send nothing until the end, so poll those here. Also
-        follows the drain deadline, and ends this stub when tritonserver is gone (killed, say): the
-        stub's own check takes minutes, holding the model's memory."""
+        follows the drain deadline (`exit_with_server` ends the stub when tritonserver is gone)."""
         while not self.stopping.wait(WATCH_INTERVAL_S):
-            if os.getppid() != self.server_pid:
-                os._exit(1)
             with self.lock:
                 waiting = [s for s in self.active.values()
                            if s.seq is not None and not s.done and (s.seq.slot < 0 or not s.parsed.stream)]
