@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from specdec.core.models.config import LlamaConfig
-from specdec.core.models.llama import LlamaForCausalLM, fuse_projections, rope_inv_freq
+from specdec.core.models.llama import LlamaForCausalLM, rope_inv_freq
 
 
 class CheckpointError(ValueError):
@@ -66,7 +66,7 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(config).float().to(device)  # a buffer, not in the checkpoint
     model = model.to(dtype).eval()
-    fuse_projections(model.model.layers)
+    model.prepare_inference()
     return model
 
 

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from specdec.core.models.checkpoint import CheckpointError, load_weights
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.llama import DecoderLayer, fuse_projections, rope_inv_freq, run_decoder
+from specdec.core.models.linear import InferenceLinear
+from specdec.core.models.llama import DecoderLayer, prepare_inference, rope_inv_freq, run_decoder
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -93,6 +94,12 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList(DecoderLayer(config, i, input_norm=i > 0) for i in range(config.num_hidden_layers))
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        self.fc_inference: InferenceLinear | None = None  # set by prepare_inference
+
+    def prepare_inference(self) -> None:
+        """Fused, packed projections (`linear.InferenceLinear`), as the target's."""
+        prepare_inference(self.layers)
+        self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight
@@ -104,7 +111,7 @@ class EagleHead(nn.Module):
         tree_mask: Tensor | None = None, lengths: list[int] | None = None,
     ) -> Tensor:
         """Predicted next features [B, T, H] from (embed(token_{t+1}), feature_t) pairs."""
-        x = self.fc(torch.cat((token_embeds, features), dim=-1))
+        x = (self.fc_inference or self.fc)(torch.cat((token_embeds, features), dim=-1))
         return run_decoder(self.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask, lengths)
 
     def save(self, folder: str | Path, dtype: torch.dtype = torch.float16) -> None:
@@ -129,5 +136,5 @@ class EagleHead(nn.Module):
             raise CheckpointError(f"{folder}: EAGLE weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})")
         head.inv_freq = rope_inv_freq(config).float()
         head = head.to(device=device, dtype=dtype).eval()
-        fuse_projections(head.layers)
+        head.prepare_inference()
         return head

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
+from specdec.core.models.linear import InferenceLinear
 
 
 class RMSNorm(nn.Module):
@@ -53,9 +54,19 @@ def rope_inv_freq(config: LlamaConfig) -> Tensor:
     return inv_freq
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def rope_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and signed sin [B, T, 1, head_dim] for `apply_rope`, computed once per forward.
+
+    The sin table carries rotate_half's sign (-sin on the first half), so the rotation is one roll
+    instead of chunk, negate and concatenate: bitwise the same products as Llama's reference."""
+    freqs = positions[..., None].to(torch.float32) * inv_freq
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), -1)[:, :, None].to(dtype), torch.cat((-sin, sin), -1)[:, :, None].to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotary embedding of x [B, T, heads, head_dim] (queries and keys together, in one pass)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -68,31 +79,29 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.n_kv * self.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, self.n_kv * self.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=c.o_bias)
-        self.fused: tuple[Tensor, Tensor | None] | None = None  # set by fuse_projections (inference)
+        self.qkv: InferenceLinear | None = None  # set by prepare_inference
+        self.out: InferenceLinear | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
         B, T, _ = x.shape
-        if self.fused is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        nq, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        if self.qkv is None:  # training
+            qk, v = torch.cat((self.q_proj(x), self.k_proj(x)), -1), self.v_proj(x)
         else:
-            q, k, v = F.linear(x, *self.fused).split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
-                                                      self.n_kv * self.head_dim], -1)
-        q = q.view(B, T, self.n_heads, self.head_dim)
-        k = k.view(B, T, self.n_kv, self.head_dim)
-        v = v.view(B, T, self.n_kv, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            qk, v = self.qkv(x).split([(nq + nkv) * hd, nkv * hd], -1)
+        q, k = apply_rope(qk.view(B, T, nq + nkv, hd), *rope).split([nq, nkv], 2)
+        v = v.view(B, T, nkv, hd)
         if cache is not None:  # serving: attend over the slot's cache; else training: causal over x
             kc, vc = cache.k[self.layer_idx], cache.v[self.layer_idx]
-            kc[ctx.slot_index, ctx.write_pos] = k
-            vc[ctx.slot_index, ctx.write_pos] = v
+            ctx.write(kc, k)
+            ctx.write(vc, v)
             k, v = ctx.read(kc), ctx.read(vc)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=None if ctx is None else ctx.mask, is_causal=ctx is None,
             enable_gqa=self.n_kv != self.n_heads,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return (self.out or self.o_proj)(out.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -102,13 +111,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=b)
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
-        self.fused: tuple[Tensor, Tensor | None] | None = None  # set by fuse_projections (inference)
+        self.gate_up: InferenceLinear | None = None  # set by prepare_inference
+        self.down: InferenceLinear | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.fused is None:
+        if self.gate_up is None:  # training
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, *self.fused).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -120,8 +130,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if input_norm else nn.Identity()
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx)
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache | None, ctx: "BatchContext | None") -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -145,14 +155,19 @@ class BatchContext:
         self.slot0 = slots[0]
         slot_t = torch.tensor(slots, device=device)
         start_t = torch.tensor(starts, device=device)
+        self.length = max(starts) + T
+        padded = lengths is not None and min(lengths) < T
+        same_start = min(starts) == max(starts)
+        # the common decode shapes write a plain block of the cache; the rest scatter per token
+        self.window = (slice(self.slot0, self.slot0 + B), slice(starts[0], starts[0] + T)) \
+            if self.contiguous and same_start and not padded else None
         self.slot_index = slot_t[:, None]
         self.write_pos = start_t[:, None] + torch.arange(T, device=device)
-        self.length = max(starts) + T
-        if lengths is not None and min(lengths) < T:
+        if padded:
             valid = torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
             self.write_pos = torch.where(valid, self.write_pos, scratch)
             self.length = max(s + n for s, n in zip(starts, lengths))
-        if T == 1 and min(starts) == max(starts):
+        if T == 1 and same_start:
             self.mask = None  # one new token per sequence, same length: it sees every key
         else:
             j = torch.arange(self.length, device=device)
@@ -167,32 +182,32 @@ class BatchContext:
             self.mask = ((rel < 0)[:, None, :] | new_visible)[:, None]  # [B, 1, T, L]
         self.slots = slot_t
 
+    def write(self, cache_layer: Tensor, values: Tensor) -> None:
+        """Store the new tokens' keys or values [B, T, heads, head_dim] in their slots."""
+        if self.window is not None:
+            cache_layer[self.window] = values
+        else:
+            cache_layer[self.slot_index, self.write_pos] = values
+
     def read(self, cache_layer: Tensor) -> Tensor:
         if self.contiguous:
             return cache_layer[self.slot0 : self.slot0 + len(self.slots), : self.length]
         return cache_layer[self.slots, : self.length]
 
 
-def fuse_projections(layers: nn.ModuleList) -> None:
-    """Inference: one matmul for q/k/v and one for gate/up instead of five (small models on CPU are
-    bound by per-call overhead). The separate weights become views of the fused ones: no extra memory."""
+def linear_of(modules: list[nn.Linear]) -> InferenceLinear:
+    """One inference matmul for several projections of the same input (q/k/v; gate/up): small
+    models on CPU are bound by per-call cost, so one call instead of three or two."""
+    bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
+    return InferenceLinear(torch.cat([m.weight for m in modules]), bias)
 
-    def fuse(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
-        weight = torch.cat([m.weight.detach() for m in linears])
-        bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
-        start = 0
-        for m in linears:
-            n = m.weight.shape[0]
-            m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
-            if bias is not None:
-                m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
-            start += n
-        return weight, bias
 
+def prepare_inference(layers: nn.ModuleList) -> None:
+    """Inference: fused and packed projections (`linear.InferenceLinear`) for every layer."""
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
-        a.fused = fuse([a.q_proj, a.k_proj, a.v_proj])
-        m.fused = fuse([m.gate_proj, m.up_proj])
+        a.qkv, a.out = linear_of([a.q_proj, a.k_proj, a.v_proj]), linear_of([a.o_proj])
+        m.gate_up, m.down = linear_of([m.gate_proj, m.up_proj]), linear_of([m.down_proj])
 
 
 def run_decoder(
@@ -207,11 +222,9 @@ def run_decoder(
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
     else:
         ctx = BatchContext(slots, starts, x.shape[1], tree_mask, x.device, lengths, cache.scratch)
-    freqs = positions[..., None].to(torch.float32) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, head_dim]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rope = rope_tables(positions, inv_freq, x.dtype)
     for layer in layers:
-        x = layer(x, cos, sin, cache, ctx)
+        x = layer(x, rope, cache, ctx)
     return x
 
 
@@ -233,6 +246,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.head: InferenceLinear | None = None  # set by prepare_inference
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
@@ -265,4 +279,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden)
+        return (self.head or self.lm_head)(hidden)
+
+    def prepare_inference(self) -> None:
+        """Fused, packed projections and output head (`linear.InferenceLinear`); training keeps the
+        modules' own `nn.Linear`s."""
+        prepare_inference(self.model.layers)
+        self.head = InferenceLinear(self.lm_head.weight)
