@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from specdec.core.models.config import LlamaConfig
-from specdec.core.models.llama import LlamaForCausalLM, rope_inv_freq
+from specdec.core.models.llama import LlamaForCausalLM
 
 
 class CheckpointError(ValueError):
@@ -64,7 +64,6 @@ def load_model(
         raise CheckpointError(f"{folder}: weights do not match config (missing {missing[:5]}, unexpected {unexpected[:5]})")
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.inv_freq = rope_inv_freq(config).float().to(device)  # a buffer, not in the checkpoint
     model = model.to(dtype).eval()
     model.prepare_inference()
     return model

@@ -29,7 +29,7 @@ from specdec.core.models.checkpoint import CheckpointError, load_weights
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
 from specdec.core.models.linear import InferenceLinear
-from specdec.core.models.llama import DecoderLayer, prepare_inference, rope_inv_freq, run_decoder
+from specdec.core.models.llama import DecoderLayer, RopeTable, prepare_inference, run_decoder
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -93,7 +93,7 @@ class EagleHead(nn.Module):
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList(DecoderLayer(config, i, input_norm=i > 0) for i in range(config.num_hidden_layers))
-        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        self.rope = RopeTable(config)
         self.fc_inference: InferenceLinear | None = None  # set by prepare_inference
 
     def prepare_inference(self) -> None:
@@ -112,7 +112,7 @@ class EagleHead(nn.Module):
     ) -> Tensor:
         """Predicted next features [B, T, H] from (embed(token_{t+1}), feature_t) pairs."""
         x = (self.fc_inference or self.fc)(torch.cat((token_embeds, features), dim=-1))
-        return run_decoder(self.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask, lengths)
+        return run_decoder(self.layers, self.rope, x, positions, cache, slots, starts, tree_mask, lengths)
 
     def save(self, folder: str | Path, dtype: torch.dtype = torch.float16) -> None:
         folder = Path(folder)
@@ -134,7 +134,6 @@ class EagleHead(nn.Module):
         missing, unexpected = head.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise CheckpointError(f"{folder}: EAGLE weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})")
-        head.inv_freq = rope_inv_freq(config).float()
         head = head.to(device=device, dtype=dtype).eval()
         head.prepare_inference()
         return head

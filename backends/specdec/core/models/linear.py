@@ -10,8 +10,8 @@ about 12-17 us a call, though, so a single row (plain decode of one sequence, a 
 step) stays on `F.linear`'s matrix-vector kernel, which is cheaper there. `docs/engine.md` has
 the end-to-end figures and the command.
 
-Weights oneDNN cannot take (CUDA, float16 without avx512_fp16, a build without mkldnn) keep
-`F.linear` for every call: both paths give the same results up to float rounding.
+Weights oneDNN cannot take (CUDA, float16 without avx512_fp16, a build without mkldnn) and small
+ones (`PACK_MIN_BYTES`) keep `F.linear` for every call: both paths give the same results up to float rounding.
 """
 
 from __future__ import annotations
@@ -21,10 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+# Below this size a weight's repacking costs less than oneDNN's fixed cost per call: measured on the
+# kit's shapes at 2-5 rows, a 256x256 fp32 weight (256 KiB) was 20-80% slower packed, 512x256
+# (512 KiB) about even at 2 rows and 1.2x faster at 5, 1536x256 and larger 1.8-2x faster.
+PACK_MIN_BYTES = 512 * 1024
+
+
 def packable(weight: Tensor) -> bool:
     """Whether `weight` goes to oneDNN's prepacked GEMM (the one place this is decided)."""
     return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available())
+            and weight.numel() * weight.element_size() >= PACK_MIN_BYTES and torch.backends.mkldnn.is_available())
 
 
 class InferenceLinear:

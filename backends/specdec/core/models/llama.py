@@ -27,10 +27,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # one fused kernel instead of six; half-precision inputs are normalised in float32, as in
+        # Llama's reference
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_inv_freq(config: LlamaConfig) -> Tensor:
@@ -54,14 +53,27 @@ def rope_inv_freq(config: LlamaConfig) -> Tensor:
     return inv_freq
 
 
-def rope_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and signed sin [B, T, 1, head_dim] for `apply_rope`, computed once per forward.
+class RopeTable:
+    """cos and signed sin rows per position [n, 1, head_dim] for `apply_rope`, computed once (grown
+    by doubling when a longer sequence arrives) instead of ~12 small operations every forward.
 
-    The sin table carries rotate_half's sign (-sin on the first half), so the rotation is one roll
+    The sin rows carry rotate_half's sign (-sin on the first half), so the rotation is one roll
     instead of chunk, negate and concatenate: bitwise the same products as Llama's reference."""
-    freqs = positions[..., None].to(torch.float32) * inv_freq
-    cos, sin = freqs.cos(), freqs.sin()
-    return torch.cat((cos, cos), -1)[:, :, None].to(dtype), torch.cat((-sin, sin), -1)[:, :, None].to(dtype)
+
+    def __init__(self, config: LlamaConfig) -> None:
+        self.config = config  # (models are built on the meta device: nothing is computed here)
+        self.cos = self.sin = None
+
+    def __call__(self, positions: Tensor, bound: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows for positions [B, T] (all < bound) as [B, T, 1, head_dim], in like's dtype and device."""
+        if self.cos is None or bound > len(self.cos) or self.cos.dtype != like.dtype or self.cos.device != like.device:
+            n = max(bound, 2 * (0 if self.cos is None else len(self.cos)), 256)
+            inv_freq = rope_inv_freq(self.config).float().to(like.device)
+            freqs = torch.arange(n, device=like.device, dtype=torch.float32)[:, None] * inv_freq
+            cos, sin = freqs.cos(), freqs.sin()
+            self.cos = torch.cat((cos, cos), -1)[:, None].to(like.dtype)
+            self.sin = torch.cat((-sin, sin), -1)[:, None].to(like.dtype)
+        return self.cos[positions], self.sin[positions]
 
 
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -151,22 +163,25 @@ class BatchContext:
     def __init__(self, slots: list[int], starts: list[int], T: int, tree_mask: Tensor | None, device,
                  lengths: list[int] | None = None, scratch: int | None = None) -> None:
         B = len(slots)
+        self.B, self.slot0 = B, slots[0]
         self.contiguous = B == 1 or slots == list(range(slots[0], slots[0] + B))
-        self.slot0 = slots[0]
-        slot_t = torch.tensor(slots, device=device)
-        start_t = torch.tensor(starts, device=device)
         self.length = max(starts) + T
         padded = lengths is not None and min(lengths) < T
         same_start = min(starts) == max(starts)
-        # the common decode shapes write a plain block of the cache; the rest scatter per token
+        # Tensors are made only where a shape needs them (each is a few microseconds, and a
+        # drafter's one-token step is all fixed costs): the common decode shapes write a plain
+        # block of the cache and read a plain range of slots.
         self.window = (slice(self.slot0, self.slot0 + B), slice(starts[0], starts[0] + T)) \
             if self.contiguous and same_start and not padded else None
-        self.slot_index = slot_t[:, None]
-        self.write_pos = start_t[:, None] + torch.arange(T, device=device)
-        if padded:
-            valid = torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
-            self.write_pos = torch.where(valid, self.write_pos, scratch)
-            self.length = max(s + n for s, n in zip(starts, lengths))
+        self.slots = None if self.contiguous else torch.tensor(slots, device=device)
+        start_t = None if self.window is not None and T == 1 else torch.tensor(starts, device=device)
+        if self.window is None:
+            self.slot_index = torch.tensor(slots, device=device)[:, None]
+            self.write_pos = start_t[:, None] + torch.arange(T, device=device)
+            if padded:
+                valid = torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+                self.write_pos = torch.where(valid, self.write_pos, scratch)
+                self.length = max(s + n for s, n in zip(starts, lengths))
         if T == 1 and same_start:
             self.mask = None  # one new token per sequence, same length: it sees every key
         else:
@@ -180,7 +195,6 @@ class BatchContext:
                 gathered = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, self.length))
                 new_visible = gathered & in_new[:, None, :]
             self.mask = ((rel < 0)[:, None, :] | new_visible)[:, None]  # [B, 1, T, L]
-        self.slots = slot_t
 
     def write(self, cache_layer: Tensor, values: Tensor) -> None:
         """Store the new tokens' keys or values [B, T, heads, head_dim] in their slots."""
@@ -191,7 +205,7 @@ class BatchContext:
 
     def read(self, cache_layer: Tensor) -> Tensor:
         if self.contiguous:
-            return cache_layer[self.slot0 : self.slot0 + len(self.slots), : self.length]
+            return cache_layer[self.slot0 : self.slot0 + self.B, : self.length]
         return cache_layer[self.slots, : self.length]
 
 
@@ -211,20 +225,23 @@ def prepare_inference(layers: nn.ModuleList) -> None:
 
 
 def run_decoder(
-    layers: nn.ModuleList, inv_freq: Tensor, x: Tensor, positions: Tensor | None, cache: KVCache | None,
+    layers: nn.ModuleList, rope: RopeTable, x: Tensor, positions: Tensor | None, cache: KVCache | None,
     slots: list[int] | None, starts: list[int] | None, tree_mask: Tensor | None = None,
     lengths: list[int] | None = None,
 ) -> Tensor:
     """Decoder layers over embedded inputs x [B, T, H]; shared by the Llama model and the EAGLE head.
-    lengths[b]: how many of row b's T tokens are real (the rest is padding); None: all of them."""
+    lengths[b]: how many of row b's T tokens are real (the rest is padding); None: all of them.
+    Every position is below max(starts) + T (a tree node's depth and a padded row's index both are)."""
+    T = x.shape[1]
     if cache is None:
         ctx = None
-        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        positions, bound = torch.arange(T, device=x.device).expand(x.shape[0], -1), T
     else:
-        ctx = BatchContext(slots, starts, x.shape[1], tree_mask, x.device, lengths, cache.scratch)
-    rope = rope_tables(positions, inv_freq, x.dtype)
+        ctx = BatchContext(slots, starts, T, tree_mask, x.device, lengths, cache.scratch)
+        bound = max(starts) + T
+    cos_sin = rope(positions, bound, x)
     for layer in layers:
-        x = layer(x, rope, cache, ctx)
+        x = layer(x, cos_sin, cache, ctx)
     return x
 
 
@@ -247,7 +264,7 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head: InferenceLinear | None = None  # set by prepare_inference
-        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        self.rope = RopeTable(config)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.lm_head.weight
@@ -275,7 +292,7 @@ class LlamaForCausalLM(nn.Module):
         self, x: Tensor, positions: Tensor | None, cache: KVCache | None, slots: list[int] | None,
         starts: list[int] | None, tree_mask: Tensor | None = None, lengths: list[int] | None = None,
     ) -> Tensor:
-        x = run_decoder(self.model.layers, self.inv_freq, x, positions, cache, slots, starts, tree_mask, lengths)
+        x = run_decoder(self.model.layers, self.rope, x, positions, cache, slots, starts, tree_mask, lengths)
         return self.model.norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
+from specdec.core.sampling import mask_eos, probs, sample
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -32,3 +34,23 @@ class Proposer(Protocol):
 
     def release(self, slot: int) -> None:
         """The slot's sequence left the batch."""
+
+
+def next_draft_tokens(
+    seqs: list[Sequence], logits: Tensor, depth: int, eos_ids: list[int]
+) -> tuple[list[int], list[Tensor | None]]:
+    """Each row's draft token at `depth` (1 = right after the root), chosen the way the target will
+    be sampled: greedy rows take the argmax (one host transfer for the whole batch), sampled rows
+    draw from their own q, which rejection sampling needs. EOS is forbidden while a sequence still
+    owes min_tokens. The one place chain drafters (draft model, EAGLE-1) pick their tokens."""
+    owing = [bool(eos_ids) and len(s.output_ids) + depth - 1 < s.params.min_tokens for s in seqs]
+    if any(owing):
+        logits = mask_eos(logits, eos_ids, torch.tensor(owing))
+    argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None
+    tokens: list[int] = []
+    qs: list[Tensor | None] = []
+    for b, s in enumerate(seqs):
+        q = None if s.params.greedy else probs(logits[b : b + 1], s.params)[0]
+        tokens.append(argmax[b] if q is None else sample(q, s.generator))
+        qs.append(q)
+    return tokens, qs

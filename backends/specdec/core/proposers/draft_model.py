@@ -17,7 +17,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.sampling import mask_eos, probs, sample
+from specdec.core.proposers.base import next_draft_tokens
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -43,15 +43,6 @@ class DraftModelProposer:
         for s in seqs:
             self.fed[s.slot], self.drafted[s.slot] = 0, 0
 
-    def next_token(self, seq: Sequence, logits: Tensor, depth: int) -> tuple[int, Tensor | None]:
-        """Draft the token at `depth` (1 = right after the root) the way the target will be sampled."""
-        if self.eos_ids and len(seq.output_ids) + depth - 1 < seq.params.min_tokens:
-            logits = mask_eos(logits[None], self.eos_ids, torch.tensor([True]))[0]
-        if seq.params.greedy:
-            return int(logits.argmax()), None
-        q = probs(logits[None], seq.params)[0]
-        return sample(q, seq.generator), q
-
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft.empty() for _ in seqs]
         active = [b for b, k in enumerate(ks) if k > 0]
@@ -67,8 +58,7 @@ class DraftModelProposer:
         hidden = self.model(tokens, positions, self.cache, [s.slot for s in seqs], starts,
                             lengths=[len(p) for p in pending])
         last = torch.tensor([len(pending[b]) - 1 for b in active], device=device)
-        logits = self.model.logits(hidden[torch.tensor(active, device=device), last])
-        row_logits = dict(enumerate(logits))  # by row of `active`; shrinks as short drafts finish
+        logits = self.model.logits(hidden[torch.tensor(active, device=device), last])  # row i: rows[i]
         out: dict[int, list[int]] = {b: [] for b in active}
         qs: dict[int, list[Tensor]] = {b: [] for b in active}
         for s in seqs:
@@ -76,12 +66,11 @@ class DraftModelProposer:
         slots = [seqs[b].slot for b in active]
         rows = list(range(len(active)))
         for depth in range(1, max(ks[b] for b in active) + 1):
-            for r in rows:
-                b = active[r]
-                tok, q = self.next_token(seqs[b], row_logits[r], depth)
-                out[b].append(tok)
+            tokens, row_qs = next_draft_tokens([seqs[active[r]] for r in rows], logits, depth, self.eos_ids)
+            for r, tok, q in zip(rows, tokens, row_qs):
+                out[active[r]].append(tok)
                 if q is not None:
-                    qs[b].append(q)
+                    qs[active[r]].append(q)
             rows = [r for r in rows if ks[active[r]] > depth]
             if not rows:
                 break
@@ -89,7 +78,7 @@ class DraftModelProposer:
             step = torch.tensor([[out[active[r]][-1]] for r in rows], device=device)
             hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache,
                                 [slots[r] for r in rows], pos)
-            row_logits = dict(zip(rows, self.model.logits(hidden[:, 0])))
+            logits = self.model.logits(hidden[:, 0])
         for b in active:
             self.drafted[seqs[b].slot] = ks[b] - 1
             drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)

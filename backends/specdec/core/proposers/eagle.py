@@ -23,7 +23,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.sampling import mask_eos, probs, sample
+from specdec.core.proposers.base import next_draft_tokens
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -111,17 +111,10 @@ class EagleProposer:
         qs: list[list[Tensor]] = [[] for _ in seqs]
         rows = list(range(len(seqs)))
         for depth in range(1, max(ks) + 1):
-            logits = self.target.logits(feature)
-            for i, r in enumerate(rows):
-                s = seqs[r]
-                row = logits[i]
-                if self.eos_ids and len(s.output_ids) + depth - 1 < s.params.min_tokens:
-                    row = mask_eos(row[None], self.eos_ids, torch.tensor([True]))[0]
-                if s.params.greedy:
-                    out[r].append(int(row.argmax()))
-                else:
-                    q = probs(row[None], s.params)[0]
-                    out[r].append(sample(q, s.generator))
+            tokens, row_qs = next_draft_tokens([seqs[r] for r in rows], self.target.logits(feature), depth, self.eos_ids)
+            for r, tok, q in zip(rows, tokens, row_qs):
+                out[r].append(tok)
+                if q is not None:
                     qs[r].append(q)
             keep = [i for i, r in enumerate(rows) if ks[r] > depth]
             if not keep:
