@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from specdec.core import policy
-from specdec.core.policy import (COLLAPSE_ALPHA, PROBE_EVERY, CostModel, Policy, SlotState, StepRecord,
+from specdec.core.policy import (COLLAPSE_ALPHA, MAX_PROBE_GAP, PROBE_EVERY, CostModel, Policy, SlotState, StepRecord,
                                  expected_tokens)
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -132,10 +132,10 @@ def test_one_rejected_round_after_many_accepted_keeps_speculating():
 
 
 def test_measured_steps_correct_a_bad_calibration():
-    """A calibration where 2+ tokens looked 3x the cost of 1 (one preempted timing) turns
+    """A calibration where 2+ tokens looked 4x the cost of 1 (one preempted timing) turns
     speculation off; the timings of real steps, probes included, bring the curve back."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 3.0, 3.0, 3.0], draft_fixed=0.1, draft_per_level=0.1)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 4.0, 4.0, 4.0], draft_fixed=0.1, draft_per_level=0.1)
     s = seqs(p, 1, 0.8)[0]
     assert p.choose([s]) == [0]
     for _ in range(40):
@@ -183,8 +183,26 @@ def test_probes_go_one_candidate_deeper_than_the_pick():
     p.cost = compute_bound()
     batch = seqs(p, 8, 0.6)
     assert p.choose(batch) == [0] * 8
-    p.steps = 2 * PROBE_EVERY * 8 - 1
+    p.steps = 2 * PROBE_EVERY - 1
     assert p.choose(batch) == [1] * 8  # not 61 nodes each: a probe must stay cheap at high load
+
+
+def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
+    """A batch where speculation never pays probes ever more rarely (each probe of a paused model
+    drafter catches up on every pair since the last one); once it pays, probes resume every
+    PROBE_EVERY steps."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(p, 8, 0.6)
+    probes = [step for step in range(1, 1001) if any(p.choose(batch))]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == PROBE_EVERY and gaps == sorted(gaps) and gaps[-1] == MAX_PROBE_GAP
+    assert len(probes) <= 3 + 1000 // MAX_PROBE_GAP  # 16 at a fixed pace
+
+    p.cost = memory_bound()  # the machine frees up: speculation pays, and probes return to their pace
+    assert p.probe_gap == MAX_PROBE_GAP
+    assert min(p.choose(batch)) > 0
+    assert p.probe_gap == PROBE_EVERY and p.next_probe - p.steps <= PROBE_EVERY
 
 
 def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_verify_tokens():

@@ -307,7 +307,8 @@ class Engine:
             running = self._emit(seq, accepted + [verdict.bonus])
             self._lap("output")
             if running and self.proposer is not None:
-                self.proposer.commit(seq, verdict.path, hidden[b, offsets])
+                chain = offsets[-1] == len(verdict.path)  # the accepted nodes lie in order: a view, no gather
+                self.proposer.commit(seq, verdict.path, hidden[b, : len(offsets)] if chain else hidden[b, offsets])
                 self._lap("commit")
         self.policy.observe(StepRecord(
             seqs, ks, depths, accepted_n, context, propose_seconds=t1 - t0, depth=max(depths),

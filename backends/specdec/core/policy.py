@@ -45,10 +45,17 @@ ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samp
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
 LOAD_RATE = 0.2  # how far one measured step moves the machine's load factor
-PROBE_EVERY = 16  # every this many steps times the batch size (a probe costs more in a big batch),
-# one step drafts every sequence one candidate k deeper than the policy's pick: it measures the
-# acceptance of sequences that stopped, and the verify and proposal costs just beyond the pick,
-# which the policy otherwise only guesses (so a cost over-estimated once can be corrected)
+PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one candidate k deeper
+# than the policy's pick: it measures the acceptance of sequences that stopped, and the verify and
+# proposal costs just beyond the pick, which the policy otherwise only guesses (so a cost or an
+# acceptance under-estimated once can be corrected). Not scaled by the batch: at 16 x 8 steps a
+# batch of 8 that switched off after its first unlucky rounds never probed within 128 tokens and
+# stayed off where drafting would have paid 1.28x (draft model, demo kit); a probe one candidate
+# deeper costs a few percent of one step in sixteen.
+MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe that finds it
+# still off doubles the gap to the next, up to this: a paused model drafter's first proposal
+# catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
+# every 16 steps cost 0.90x of the baseline where speculation never pays.
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -186,6 +193,7 @@ class Policy:
         self.cost: CostModel | None = None
         self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
         self.steps = 0
+        self.probe_gap = self.next_probe = PROBE_EVERY
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
@@ -206,7 +214,11 @@ class Policy:
         # depends on its k schedule: it keeps its cap, and reproduces whatever the load
         pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
         k, drafting = self.best(caps, alphas, pinned)
-        if self.steps % (PROBE_EVERY * len(seqs)) == 0:  # every sequence, one candidate deeper
+        if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
+            self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
+        if self.steps >= self.next_probe:  # every sequence, one candidate deeper
+            self.probe_gap = PROBE_EVERY if drafting else min(2 * self.probe_gap, MAX_PROBE_GAP)
+            self.next_probe = self.steps + self.probe_gap
             probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
             return [c if p else min(probe, c) for c, p in zip(caps, pinned)]
         return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
