@@ -1,7 +1,7 @@
 """`specdec bench`: baseline vs every method, side by side in one run, on the same checkpoints and prompts.
 
-Runs are interleaved (repeat r runs every method once before repeat r + 1), so machine noise hits
-all methods alike; speedups are medians of per-repeat ratios. Besides tokens/s it prints what
+Runs are interleaved (repeat r runs every method once before repeat r + 1, in an order rotated
+every repeat), so machine noise hits all methods alike; speedups are medians of per-repeat ratios. Besides tokens/s it prints what
 explains them: mean accepted length, acceptance per position, and the analytic bound
 tau * t_target / (t_propose + t_verify) from the same run's step costs, so a gap between measured
 and possible speedup (engine overhead) is visible. Greedy outputs are compared with the
@@ -142,7 +142,11 @@ def bench(
         for p in peers:  # warm-up
             hf.run(p, prompt_ids[:batch], batch, 8)
         for r in range(repeats):
-            for m, eng in engines.items():
+            # the order rotates every repeat: a method always run right after the baseline (or
+            # always first) would carry whatever the machine does at that point of a round
+            names = list(engines)
+            for m in names[r % len(names):] + names[: r % len(names)]:
+                eng = engines[m]
                 s, outputs[m], stats[m] = run_once(eng, prompts, params)
                 seconds[m].append(s)
                 metrics[m] = eng.metrics
