@@ -16,13 +16,22 @@ from specdec.core.verify import TreeShape
 from test_engine import kit, prompts  # noqa: F401
 
 
-def recorded_first_drafts(eng, skip_every: int = 0):
-    """(tokens, draft) of every proposal; with skip_every, some rounds propose nothing (k = 0)."""
+def recorded_first_drafts(eng, skip_every: int = 0, long_pause: int = 0):
+    """(tokens, draft) of every proposal; with skip_every, some rounds propose nothing (k = 0); with
+    long_pause, no row drafts for that many rounds (from the fourth), then only the odd slots do for
+    as many again while the even slots' backlog, longer than `proposers.base.RIDE_ALONG_TOKENS`,
+    waits (it catches up only when its row drafts), then all rows draft."""
     seen = []
     propose = eng.proposer.propose
+    rounds = iter(range(10**9))
     if skip_every:
-        rounds = iter(range(10**9))
         eng.policy.choose = lambda seqs: [0 if next(rounds) % skip_every else eng.proposer.max_k for _ in seqs]
+    if long_pause:
+        def choose(seqs):
+            r = next(rounds) - 3
+            return [0 if 0 <= r < long_pause or (r < 2 * long_pause and s.slot % 2 == 0) else eng.proposer.max_k
+                    for s in seqs]
+        eng.policy.choose = choose
 
     def spy(seqs, ks):
         drafts = propose(seqs, ks)
@@ -30,17 +39,17 @@ def recorded_first_drafts(eng, skip_every: int = 0):
         return drafts
 
     eng.proposer.propose = spy
-    eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=12, ignore_eos=True))
+    eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=60 if long_pause else 12, ignore_eos=True))
     assert len(seen) > 10
     return seen
 
 
-@pytest.mark.parametrize("skip_every", [0, 3])
+@pytest.mark.parametrize("skip_every,long_pause", [(0, 0), (3, 0), (0, 12)])
 @pytest.mark.parametrize("method", ["eagle", "eagle2"])
-def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every):  # noqa: F811
+def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every, long_pause):  # noqa: F811
     eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     target, head = eng.target, eng.proposer.head
-    for tokens, draft in recorded_first_drafts(eng, skip_every):
+    for tokens, draft in recorded_first_drafts(eng, skip_every, long_pause):
         ids = torch.tensor([tokens])
         with torch.no_grad():
             feats = target(ids[:, :-1])  # features of every committed token before the root
@@ -62,11 +71,11 @@ def test_medusa_first_draft_matches_heads_on_last_hidden(kit):  # noqa: F811
             assert draft.tokens[eng.proposer.tree.index([0, 0])] == top[1]
 
 
-@pytest.mark.parametrize("skip_every", [0, 3])
-def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every):  # noqa: F811
+@pytest.mark.parametrize("skip_every,long_pause", [(0, 0), (3, 0), (0, 12)])
+def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every, long_pause):  # noqa: F811
     eng = build_engine(EngineConfig.of(method="draft", dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     model = eng.proposer.model
-    for tokens, draft in recorded_first_drafts(eng, skip_every):
+    for tokens, draft in recorded_first_drafts(eng, skip_every, long_pause):
         with torch.no_grad():
             logits = model.logits(model(torch.tensor([tokens + draft.tokens[:-1]])))[0]
         assert draft.tokens == logits[len(tokens) - 1 :].argmax(-1).tolist()

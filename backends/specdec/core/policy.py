@@ -12,9 +12,10 @@ calibration misses: inputs, verification, compaction, output; one preempted cali
 a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started) plus the
 proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
 per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
-whenever they run (in the same batched catch-up forward), so a sequence resumes without feeding
-its pause; after a whole-batch pause the first proposal does catch up, and it is not a sample of
-the proposal cost (counting it made every pause longer than the last). For each candidate k the
+whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
+(`proposers.base.rides_along`), so it resumes without feeding its pause; after a longer pause the
+first proposal does catch up, and it is not a sample of the proposal cost (counting it made every
+pause longer than the last). For each candidate k the
 policy adds sequences best acceptance first and keeps the k and the set of drafting sequences that
 maximize committed tokens per second over the batch: at high load, where verify time grows with
 every extra token, k falls and the sequences that accept least stop drafting, down to none

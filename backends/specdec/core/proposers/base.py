@@ -36,6 +36,21 @@ class Proposer(Protocol):
         """The slot's sequence left the batch."""
 
 
+RIDE_ALONG_TOKENS = 8  # a paused row with at most this many pending tokens catches up with the drafting rows
+
+
+def rides_along(pending: int, drafting: bool) -> bool:
+    """Whether a row is fed to a model drafter's catch-up forward this proposal.
+
+    The rows that draft must; a paused row rides along while its pending tokens are few (it costs
+    little in the same batched forward, and a sequence that resumes then drafts at once instead of
+    feeding its pause first). A long-paused row catches up only when it drafts again: when the
+    policy drafts for a few sequences, the drafter must not prefill every paused row's backlog
+    with them (at batch 8, EAGLE's catch-up on 16-48 steps of 8 rows took 17-31 ms, against a
+    4.5 ms step)."""
+    return drafting or pending <= RIDE_ALONG_TOKENS
+
+
 def next_draft_tokens(
     seqs: list[Sequence], logits: Tensor, depth: int, eos_ids: list[int]
 ) -> tuple[list[int], list[Tensor | None]]:

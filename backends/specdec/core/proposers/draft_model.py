@@ -17,7 +17,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import next_draft_tokens
+from specdec.core.proposers.base import next_draft_tokens, rides_along
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -49,19 +49,20 @@ class DraftModelProposer:
         if not active:
             return drafts
         device = self.model.lm_head.weight.device
-        # every sequence catches up, the paused ones too: in the same batched forward that costs
-        # little, and a sequence that resumes then drafts at once instead of feeding its pause
-        pending = [s.tokens[self.fed[s.slot] :] for s in seqs]
-        starts = [self.fed[s.slot] for s in seqs]
+        fed = [s for b, s in enumerate(seqs) if rides_along(len(s.tokens) - self.fed[s.slot], ks[b] > 0)]
+        row_of = {s.slot: i for i, s in enumerate(fed)}
+        pending = [s.tokens[self.fed[s.slot] :] for s in fed]
+        starts = [self.fed[s.slot] for s in fed]
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
-        hidden = self.model(tokens, positions, self.cache, [s.slot for s in seqs], starts,
+        hidden = self.model(tokens, positions, self.cache, [s.slot for s in fed], starts,
                             lengths=[len(p) for p in pending])
-        last = torch.tensor([len(pending[b]) - 1 for b in active], device=device)
-        logits = self.model.logits(hidden[torch.tensor(active, device=device), last])  # row i: rows[i]
+        at = [row_of[seqs[b].slot] for b in active]
+        last = torch.tensor([len(pending[i]) - 1 for i in at], device=device)
+        logits = self.model.logits(hidden[torch.tensor(at, device=device), last])  # row i: rows[i]
         out: dict[int, list[int]] = {b: [] for b in active}
         qs: dict[int, list[Tensor]] = {b: [] for b in active}
-        for s in seqs:
+        for s in fed:
             self.fed[s.slot], self.drafted[s.slot] = len(s.tokens), 0
         slots = [seqs[b].slot for b in active]
         rows = list(range(len(active)))
