@@ -128,49 +128,57 @@ class EagleProposer:
         return [Draft.chain(o, torch.stack(q) if q else None) for o, q in zip(out, qs)]
 
     def tree_drafts(self, seqs: list[Sequence], root_feature: Tensor, ks: list[int]) -> list[Draft]:
-        """EAGLE-2: grow each sequence's tree depth by depth, re-running all its expanded nodes per depth."""
+        """EAGLE-2: grow every sequence's tree depth by depth, one head forward per depth for the
+        whole batch over all expanded nodes; each depth's inputs are built from Python lists in
+        one tensor each, and its new candidates scored with one output-head call and one topk."""
         tree, device = self.tree, root_feature.device
         B = len(seqs)
         logp = torch.log_softmax(self.target.logits(root_feature).float(), -1)
-        top = torch.topk(logp, tree.top_k, dim=-1)
-        # candidate nodes per sequence: (token, parent candidate index, cumulative score)
-        cands = [[(int(t), -1, float(v)) for v, t in zip(top.values[b], top.indices[b])] for b in range(B)]
+        values, indices = (t.tolist() for t in torch.topk(logp, tree.top_k, dim=-1))
+        # candidate nodes per sequence: (token, parent candidate index, cumulative score), and
+        # each candidate's ancestors (root side first), built once when the candidate is made
+        cands = [[(t, -1, v) for v, t in zip(values[b], indices[b])] for b in range(B)]
+        ancestors: list[list[list[int]]] = [[[] for _ in range(tree.top_k)] for _ in range(B)]
         frontier = [list(range(tree.top_k)) for _ in range(B)]
-        expanded = [[] for _ in range(B)]  # candidate indices whose pair is in the head's cache region
+        expanded: list[list[int]] = [[] for _ in range(B)]  # candidates whose pair is in the head's cache region
         starts = [len(s.tokens) - 1 for s in seqs]
         parent_feature: list[dict[int, Tensor]] = [{-1: root_feature[b]} for b in range(B)]
+        zero = root_feature.new_zeros(root_feature.shape[-1])
         for _ in range(min(tree.depth, max(ks)) - 1):  # a tree of k nodes is at most k deep
             for b in range(B):
                 expanded[b] += frontier[b]
             width = max(len(e) for e in expanded)
-            tokens = torch.zeros(B, width, dtype=torch.long, device=device)
-            features = root_feature.new_zeros(B, width, root_feature.shape[-1])
-            positions = torch.tensor(starts, device=device)[:, None].repeat(1, width)
-            mask = torch.eye(width, dtype=torch.bool, device=device).repeat(B, 1, 1)
+            tokens, features, positions, mask = [], [], [], []
             for b in range(B):
                 where = {c: i for i, c in enumerate(expanded[b])}
+                pad = width - len(expanded[b])
+                tokens.append([cands[b][c][0] for c in expanded[b]] + [0] * pad)
+                features.append(torch.stack([parent_feature[b][cands[b][c][1]] for c in expanded[b]] + [zero] * pad))
+                positions.append([starts[b] + len(ancestors[b][c]) for c in expanded[b]] + [starts[b]] * pad)
+                rows = [[False] * width for _ in range(width)]
                 for i, c in enumerate(expanded[b]):
-                    tok, parent, _ = cands[b][c]
-                    tokens[b, i] = tok
-                    features[b, i] = parent_feature[b][parent]
-                    depth, a = 0, parent
-                    while a >= 0:
-                        mask[b, i, where[a]] = True
-                        a, depth = cands[b][a][1], depth + 1
-                    positions[b, i] += depth
-            out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts, mask)
+                    for a in ancestors[b][c] + [c]:
+                        rows[i][where[a]] = True
+                for i in range(len(expanded[b]), width):
+                    rows[i][i] = True  # padding sees itself only (its output is never read)
+                mask.append(rows)
+            out = self.head(self.embed(torch.tensor(tokens, device=device)), torch.stack(features),
+                            torch.tensor(positions, device=device), self.cache, [s.slot for s in seqs], starts,
+                            torch.tensor(mask, device=device))
+            at = [(b, expanded[b].index(c)) for b in range(B) for c in frontier[b]]
+            grown = out[torch.tensor([b for b, _ in at], device=device), torch.tensor([i for _, i in at], device=device)]
+            node_logp = torch.log_softmax(self.target.logits(grown).float(), -1)
+            values, indices = (t.tolist() for t in torch.topk(node_logp, tree.top_k, dim=-1))
+            row = 0
             for b in range(B):
-                new_cands = []
-                idx = torch.tensor([expanded[b].index(c) for c in frontier[b]], device=device)
-                node_logp = torch.log_softmax(self.target.logits(out[b, idx]).float(), -1)
-                top = torch.topk(node_logp, tree.top_k, dim=-1)
-                for j, c in enumerate(frontier[b]):
-                    parent_feature[b][c] = out[b, idx[j]]
-                    base = cands[b][c][2]
-                    for v, t in zip(top.values[j].tolist(), top.indices[j].tolist()):
-                        new_cands.append((t, c, base + v))
                 first = len(cands[b])
-                cands[b] += new_cands
+                for c in frontier[b]:
+                    parent_feature[b][c] = grown[row]
+                    base = cands[b][c][2]
+                    for v, t in zip(values[row], indices[row]):
+                        cands[b].append((t, c, base + v))
+                        ancestors[b].append(ancestors[b][c] + [c])
+                    row += 1
                 order = sorted(range(first, len(cands[b])), key=lambda c: -cands[b][c][2])
                 frontier[b] = order[: tree.top_k]
         return [self.select(cands[b], min(ks[b], self.max_k)) for b in range(B)]
