@@ -1,12 +1,14 @@
-"""Interleaved A/B of one model's forward: this checkout against an earlier commit, in one process.
+"""Interleaved A/B against an earlier commit, in one process: one model's forward, or whole engines.
 
     python -m specdec.tools.forward_ab --rev 4807f05 --model target --threads 1
+    python -m specdec.tools.forward_ab --rev 43e8d00 --method eagle2 --batch 8
 
 A whole-command timing cannot separate a faster forward from the machine's drift, and timed unit
 tests prove nothing; this imports the earlier commit's `specdec` package under another name beside
-the current one, loads the same checkpoint into both, and times them call by call in alternating
-order (400 pairs per shape by default), so each ratio compares calls made a few milliseconds apart.
-Both must pick the same tokens (argmax of the logits), or the comparison stops.
+the current one, loads the same checkpoints into both, and times them in alternating order: per
+call (400 pairs per shape by default) for a forward, per generation (8 held-out prompts x 128
+greedy tokens, fixed k) for `--method`, so each ratio compares runs made moments apart. Both must
+pick the same tokens, or the comparison stops.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ SHAPES = "1x1,1x2,1x5,8x1,8x5"
 
 
 def import_revision(rev: str, into: Path) -> str:
-    """Unpack `rev`'s backends/specdec as package specdec_<rev> under `into`; return its name."""
-    name = "specdec_" + re.sub(r"\W", "_", rev)
+    """Unpack `rev`'s backends/specdec as a package under `into`; return its name (unique to
+    `into`: a second comparison in the same process must not find the first one's modules)."""
+    name = "specdec_" + re.sub(r"\W", "_", f"{rev}_{into.name}")
     archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "backends/specdec"],
                              capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -57,6 +60,38 @@ def time_pairs(forwards: dict[str, callable], calls: int) -> dict[str, list[floa
     return times
 
 
+def engines_ab(package: str, args: argparse.Namespace) -> None:
+    """Whole engines of one method, the earlier commit's against this checkout's."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.sampling import SamplingParams
+    from specdec.tools.bench import kit_paths
+    from specdec.tools.prompts import heldout_prompts
+
+    old_config = importlib.import_module(package + ".core.config")
+    old_build = importlib.import_module(package + ".core.engine_config").build_engine
+    old_params = importlib.import_module(package + ".core.sampling").SamplingParams
+    settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy="fixed", threads=args.threads)
+    engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params),
+               "this checkout": (build_engine(EngineConfig.of(**settings)), SamplingParams)}
+    prompts = heldout_prompts(8)
+
+    def run(engine, params) -> list[list[int]]:
+        return [r.token_ids for r in engine.generate(prompts, params(max_tokens=128, ignore_eos=True))]
+
+    runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
+    for e, P in engines.values():
+        e.generate(prompts[:1], P(max_tokens=8, ignore_eos=True))  # warm-up
+    if len({str(run()) for run in runs.values()}) > 1:
+        raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
+    times = time_pairs(runs, args.rounds)
+    ratios = sorted(a / b for a, b in zip(*times.values()))
+    print(f"{args.method}, batch {args.batch}, {args.threads} thread(s), {args.rounds} alternating rounds of 8 x 128 "
+          f"greedy tokens: {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
+          f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
+          f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", required=True, help="git revision to compare against (e.g. a commit before a change)")
@@ -65,12 +100,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--shapes", default=SHAPES, help=f"batch x new tokens per forward (default: {SHAPES})")
     ap.add_argument("--calls", type=int, default=400, help="paired calls per shape (default: 400)")
+    ap.add_argument("--method", help="A/B whole engines of this method (baseline, ngram, draft, medusa, eagle, eagle2)")
+    ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
+    ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    folder = str(Path(args.kit) / args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        old = importlib.import_module(import_revision(args.rev, Path(tmp)) + ".core.models.checkpoint")
+        package = import_revision(args.rev, Path(tmp))
+        if args.method:
+            return engines_ab(package, args)
         from specdec.core.models.checkpoint import load_model
+        folder = str(Path(args.kit) / args.model)
+        old = importlib.import_module(package + ".core.models.checkpoint")
         models = {args.rev: old.load_model(folder), "this checkout": load_model(folder)}
     caches = {k: m.new_cache(8, 512) for k, m in models.items()}
     print(f"{folder}, {args.threads} thread(s), {args.calls} alternating pairs per shape; "
