@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from specdec.core import policy
-from specdec.core.policy import (COLLAPSE_ALPHA, MAX_PROBE_GAP, PROBE_EVERY, CostModel, Policy, SlotState, StepRecord,
+from specdec.core.policy import (COLLAPSE_ALPHA, MAX_PROBE_GAP, PROBE_BUDGET, PROBE_EVERY, CostModel, Policy, SlotState, StepRecord,
                                  expected_tokens)
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -203,6 +203,34 @@ def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
     assert p.probe_gap == MAX_PROBE_GAP
     assert min(p.choose(batch)) > 0
     assert p.probe_gap == PROBE_EVERY and p.next_probe - p.steps <= PROBE_EVERY
+
+
+def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float) -> list[int]:
+    """Run the policy to its next probe and report that probe's proposal time; the probe's ks."""
+    while True:
+        ks = p.choose(batch)
+        if any(ks):
+            p.observe(StepRecord(batch, ks, [min(k, 1) for k in ks], [0] * len(ks), [len(s.tokens) for s in batch],
+                                 propose_seconds=propose_seconds, depth=1, tokens=len(batch) + sum(ks)))
+            return ks
+
+
+def test_a_probe_that_costs_more_than_its_budget_narrows_the_next_to_one_sequence():
+    """While speculation is off, an expensive probe (a model drafter catching every row up on
+    everything since the last one) makes the next probe draft only the best-accepting sequence; a
+    cheap one keeps probing every row, so a batch can still learn that drafting pays."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()  # speculation stays off; one step of 8 tokens costs 8 units
+    batch = seqs(p, 3, 0.6) + seqs(p, 1, 0.7) + seqs(p, 4, 0.6)
+    step = p.cost.verify(len(batch))
+    cheap = 0.5 * PROBE_BUDGET * step * PROBE_EVERY  # half the budget over the first gap
+    assert probe_step(p, batch, cheap) == [1] * 8
+    expensive = 1.5 * PROBE_BUDGET * step * 2 * PROBE_EVERY  # 1.5x the budget over the second gap
+    assert probe_step(p, batch, expensive) == [1] * 8  # every row still: the last probe was within budget
+    # that one went over the budget: the next probe drafts only the best-accepting row,
+    assert probe_step(p, batch, expensive / 8) == [0, 0, 0, 1, 0, 0, 0, 0]
+    # and is judged as if it had drafted every row: 8 x expensive / 8 over twice the steps, within
+    assert probe_step(p, batch, 0.0) == [1] * 8
 
 
 def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_verify_tokens():

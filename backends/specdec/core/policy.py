@@ -57,6 +57,13 @@ MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe 
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
 # every 16 steps cost 0.90x of the baseline where speculation never pays.
+PROBE_BUDGET = 0.10  # a probe while speculation is off catches the probed rows' drafter up on
+# everything since the last probe, so its cost grows with the gap and backing off does not shrink
+# it per step. When the last such probe, scaled to every row and spread over the steps it covered,
+# cost more than this share of a step, the next one drafts only the best-accepting sequence (one
+# row's backlog): EAGLE's two-layer head at batch 8 spent 17-31 ms per all-row probe (about a
+# third of every step it covered); the small draft model's probes stay within budget, and drafting
+# every row is how a batch of 8 learns that drafting pays (1.14-1.29x for the draft model).
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -195,6 +202,8 @@ class Policy:
         self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
         self.steps = 0
         self.probe_gap = self.next_probe = PROBE_EVERY
+        self.probing_off = 0  # steps covered by the probe now running while speculation is off (0: none)
+        self.narrow_probes = False  # the last such probe cost more than PROBE_BUDGET: probe one sequence
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
@@ -217,11 +226,15 @@ class Policy:
         k, drafting = self.best(caps, alphas, pinned)
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
-        if self.steps >= self.next_probe:  # every sequence, one candidate deeper
+        if self.steps >= self.next_probe:  # one candidate deeper
+            self.probing_off = 0 if drafting else self.probe_gap
             self.probe_gap = PROBE_EVERY if drafting else min(2 * self.probe_gap, MAX_PROBE_GAP)
             self.next_probe = self.steps + self.probe_gap
             probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
-            return [c if p else min(probe, c) for c, p in zip(caps, pinned)]
+            free = [i for i, p in enumerate(pinned) if not p]
+            narrow = not drafting and self.narrow_probes and free
+            probing = {max(free, key=lambda i: alphas[i])} if narrow else set(free)
+            return [c if p else min(probe, c) if i in probing else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
         return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
 
     def best(self, caps: list[int], alphas: list[float], pinned: list[bool]) -> tuple[int, set[int]]:
@@ -268,6 +281,12 @@ class Policy:
         """Learn from one decode step: proposal and step costs, then each sequence's acceptance."""
         drafted = [(s, n) for s, k, n in zip(step.seqs, step.ks, step.context) if k > 0 and s.slot in self.slots]
         caught_up = max((n - self.slots[s.slot].proposed_at for s, n in drafted), default=0)
+        if self.probing_off and self.cost is not None and drafted:  # a probe while speculation was off
+            # what probing every row would have cost (a narrow probe drafted one), spread over the
+            # steps since the last probe: while speculation stays off, all of it is overhead
+            probe = step.propose_seconds * len(step.seqs) / len(drafted)
+            self.narrow_probes = probe / self.probing_off > PROBE_BUDGET * self.cost.verify(len(step.seqs))
+        self.probing_off = 0
         self.observe_draft_time(step.propose_seconds, step.depth, caught_up)
         for s, n in drafted:
             self.slots[s.slot].proposed_at = n
