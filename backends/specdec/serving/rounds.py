@@ -37,6 +37,7 @@ from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.policy import Policy
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
+from specdec.serving.bls import KeepAlive
 
 INNER_OUTPUTS = ["output_ids", "sequence_length"]
 SCHEDULER_TICK_S = 0.05  # queue timeouts and cancelled queued requests are noticed within this
@@ -52,25 +53,20 @@ class InnerClient(Protocol):
 
 
 class BlsClient:
-    """Inner calls through Triton's BLS from worker threads (allowed in a decoupled model).
-
-    Under 16 concurrent streams the stub (tritonserver 2.51) crashed in libpython, and a target call
-    once yielded its draft call's response: both fit the stub routing responses by the address of a
-    freed request. So every request and response generator is kept alive for `KEEP` more calls: no
-    address is reused while a late response may still arrive."""
-
-    KEEP = 4096
+    """Inner calls through Triton's BLS from worker threads (allowed in a decoupled model); every
+    request and response generator is held for a while after use (`bls.KeepAlive`: the stub
+    crashed, and once crossed two calls' responses, when they were freed at once)."""
 
     def __init__(self, pb_utils) -> None:
         self.pb = pb_utils
-        self.recent: deque = deque(maxlen=self.KEEP)  # appends are atomic: no lock
+        self.kept = KeepAlive()
 
     def generate(self, model: str, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         pb = self.pb
         request = pb.InferenceRequest(model_name=model, requested_output_names=INNER_OUTPUTS,
                                       inputs=[pb.Tensor(name, value) for name, value in inputs.items()])
         responses = request.exec(decoupled=True)
-        self.recent.append((request, responses, inputs))
+        self.kept.hold(request, responses, inputs)
         complete = False
         try:
             for response in responses:

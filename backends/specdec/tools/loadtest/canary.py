@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from specdec.serving.bls import KeepAlive
+
 ENTRY = "from specdec.tools.loadtest.canary import TritonPythonModel  # noqa: F401\n"
 
 
@@ -60,6 +62,7 @@ class TritonPythonModel:
         self.outputs = [o["name"] for o in config["output"] if o["name"] != "served_model"]
         self.count = 0
         self.lock = threading.Lock()
+        self.kept = KeepAlive()  # (see specdec.serving.bls: the stub died with its calls freed at once)
         self.family = pb_utils.MetricFamily(name="specdec:canary_requests", description="Requests routed by the canary",
                                             kind=pb_utils.MetricFamily.COUNTER)
         self.counters = {m: self.family.Metric(labels={"model": args["model_name"], "routed_to": m})
@@ -83,7 +86,9 @@ class TritonPythonModel:
                                         requested_output_names=self.outputs,
                                         parameters=json.loads(request.parameters() or "{}"))
             held = None
-            for response in inner.exec(decoupled=True):
+            responses = inner.exec(decoupled=True)
+            self.kept.hold(inner, responses)
+            for response in responses:
                 if response.has_error():
                     sender.send(pb.InferenceResponse(error=pb.TritonError(response.error().message())), flags=final)
                     return
