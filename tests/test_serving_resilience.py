@@ -216,14 +216,26 @@ def stub_killed(repo, tmp_path_factory):
             time.sleep(0.2)
     poller = threading.Thread(target=poll_baseline, daemon=True)
     poller.start()
-    streams = open_streams(serve.grpc, "spec_ngram", 3)
-    stubs = stub_pids(serve.server_pid())
-    t_kill = time.monotonic()
-    os.kill(stubs["spec_ngram"].pop(), signal.SIGKILL)
-    served_again = wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200 and time.monotonic(), 30)
-    time.sleep(1.0)
+    # tritonserver itself sometimes crashes (a libc backtrace in its log) when a stub is killed
+    # under streams: then a model reload is not what is being tested, so the kill is repeated on the
+    # restarted server (up to three kills); `server_crashes` tells the later tests how often it happened
+    for server_crashes in range(3):
+        server = serve.server_pid()
+        streams = open_streams(serve.grpc, "spec_ngram", 3)
+        stubs = stub_pids(server)
+        t_kill = time.monotonic()
+        os.kill(stubs["spec_ngram"].pop(), signal.SIGKILL)
+        served_again = wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200 and time.monotonic(), 30)
+        time.sleep(1.0)
+        if serve.server_pid() == server:
+            break
+        for s in streams:
+            wait_for(lambda: s.outcome is not None, 10)
+    else:
+        server_crashes = 3  # it crashed at every kill
     try:
-        yield dict(serve=serve, streams=streams, t_kill=t_kill, served_again=served_again, baseline=baseline)
+        yield dict(serve=serve, streams=streams, t_kill=t_kill, served_again=served_again, baseline=baseline,
+                   server_crashes=server_crashes)
     finally:
         done.set()
         poller.join(5)
@@ -236,6 +248,7 @@ def test_dead_stub_is_reloaded_and_the_other_models_keep_serving(stub_killed):
     assert stub_killed["served_again"] - t_kill < 30
     assert re.search(r"watchdog: model spec_ngram: backend stub \(pid \d+\) died with \d+ requests in flight",
                      serve.text) and "spec_ngram serves again" in serve.text
+    assert stub_killed["server_crashes"] < 3, f"tritonserver crashed at every stub kill:\n{serve.text}"
     assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == 1
     assert metric(serve.ports[2], "specdec:model_restarts", "baseline") == 0
     around = [status for t, status in stub_killed["baseline"] if t > t_kill - 1]
@@ -262,7 +275,7 @@ def test_dead_tritonserver_is_restarted(stub_killed):
     assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 120), serve.text
     assert "tritonserver exited with code -9; restarting it" in serve.text
     assert serve.server_pid() not in (None, pid)
-    assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 1
+    assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 1 + stub_killed["server_crashes"]
     assert time.monotonic() - t0 < 120
 
 
