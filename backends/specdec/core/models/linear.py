@@ -35,7 +35,8 @@ def packable(weight: Tensor) -> bool:
 
 class InferenceLinear:
     """`x @ weight.T + bias`: more than one row goes to a copy of the weight packed once for
-    oneDNN's GEMM (when the CPU can take it), a single row to `F.linear`'s matrix-vector kernel."""
+    oneDNN's GEMM (when the CPU can take it: that copy is the only extra memory), a single row to
+    `F.linear`'s matrix-vector kernel on `weight` itself."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()

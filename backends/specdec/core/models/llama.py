@@ -211,9 +211,21 @@ class BatchContext:
 
 def linear_of(modules: list[nn.Linear]) -> InferenceLinear:
     """One inference matmul for several projections of the same input (q/k/v; gate/up): small
-    models on CPU are bound by per-call cost, so one call instead of three or two."""
-    bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
-    return InferenceLinear(torch.cat([m.weight for m in modules]), bias)
+    models on CPU are bound by per-call cost, so one call instead of three or two. The modules'
+    own parameters become views of the fused weight, so it is not a second copy (a single
+    module's weight is used as it is)."""
+    if len(modules) == 1:
+        return InferenceLinear(modules[0].weight, modules[0].bias)
+    weight = torch.cat([m.weight.detach() for m in modules])
+    bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
+    start = 0
+    for m in modules:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
+        start += n
+    return InferenceLinear(weight, bias)
 
 
 def prepare_inference(layers: nn.ModuleList) -> None:
