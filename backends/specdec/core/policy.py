@@ -13,7 +13,7 @@ a busy machine once made 2 tokens look 3x the cost of 1, and speculation never s
 proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
 per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
 whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
-(`proposers.base.rides_along`), so it resumes without feeding its pause; after a longer pause the
+(`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause the
 first proposal does catch up, and it is not a sample of the proposal cost (counting it made every
 pause longer than the last). For each candidate k the
 policy adds sequences best acceptance first and keeps the k and the set of drafting sequences that

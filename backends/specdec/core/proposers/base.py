@@ -4,7 +4,7 @@ verification `commit` with the target's hidden states of the root and the accept
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -39,16 +39,17 @@ class Proposer(Protocol):
 RIDE_ALONG_TOKENS = 8  # a paused row with at most this many pending tokens catches up with the drafting rows
 
 
-def rides_along(pending: int, drafting: bool) -> bool:
-    """Whether a row is fed to a model drafter's catch-up forward this proposal.
+def catch_up_rows(seqs: list[Sequence], ks: list[int], backlog: Callable[[Sequence], int]) -> list[Sequence]:
+    """The sequences a model drafter feeds to its catch-up forward this proposal (`backlog`: how
+    many committed tokens the drafter has not seen yet for a sequence).
 
-    The rows that draft must; a paused row rides along while its pending tokens are few (it costs
+    The rows that draft must; a paused row rides along while its backlog is short (it costs
     little in the same batched forward, and a sequence that resumes then drafts at once instead of
     feeding its pause first). A long-paused row catches up only when it drafts again: when the
     policy drafts for a few sequences, the drafter must not prefill every paused row's backlog
     with them (at batch 8, EAGLE's catch-up on 16-48 steps of 8 rows took 17-31 ms, against a
     4.5 ms step)."""
-    return drafting or pending <= RIDE_ALONG_TOKENS
+    return [s for s, k in zip(seqs, ks) if k > 0 or backlog(s) <= RIDE_ALONG_TOKENS]
 
 
 def next_draft_tokens(

@@ -17,7 +17,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import next_draft_tokens, rides_along
+from specdec.core.proposers.base import catch_up_rows, next_draft_tokens
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -49,7 +49,7 @@ class DraftModelProposer:
         if not active:
             return drafts
         device = self.model.lm_head.weight.device
-        fed = [s for b, s in enumerate(seqs) if rides_along(len(s.tokens) - self.fed[s.slot], ks[b] > 0)]
+        fed = catch_up_rows(seqs, ks, lambda s: len(s.tokens) - self.fed[s.slot])
         row_of = {s.slot: i for i, s in enumerate(fed)}
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
         starts = [self.fed[s.slot] for s in fed]

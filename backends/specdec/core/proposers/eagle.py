@@ -23,7 +23,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.proposers.base import next_draft_tokens, rides_along
+from specdec.core.proposers.base import catch_up_rows, next_draft_tokens
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -97,7 +97,7 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        fed = [s for b, s in enumerate(seqs) if rides_along(sum(map(len, self.pending[s.slot])), ks[b] > 0)]
+        fed = catch_up_rows(seqs, ks, lambda s: sum(map(len, self.pending[s.slot])))
         row_of = {s.slot: i for i, s in enumerate(fed)}
         root_features = self.catch_up(fed)[torch.tensor([row_of[s.slot] for s in batch], device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
