@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -49,7 +50,7 @@ def import_revision(rev: str, into: Path) -> str:
     return name
 
 
-def time_pairs(forwards: dict[str, callable], calls: int) -> dict[str, list[float]]:
+def time_pairs(forwards: dict[str, Callable[[], object]], calls: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {k: [] for k in forwards}
     order = list(forwards)
     for r in range(calls):
@@ -92,27 +93,13 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rev", required=True, help="git revision to compare against (e.g. a commit before a change)")
-    ap.add_argument("--model", default="target", help="checkpoint folder under the kit (target, draft) (default: target)")
-    ap.add_argument("--kit", default=str(DEMO_KIT), help="folder with the checkpoints (default: demo kit)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--shapes", default=SHAPES, help=f"batch x new tokens per forward (default: {SHAPES})")
-    ap.add_argument("--calls", type=int, default=400, help="paired calls per shape (default: 400)")
-    ap.add_argument("--method", help="A/B whole engines of this method (baseline, ngram, draft, medusa, eagle, eagle2)")
-    ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
-    ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        package = import_revision(args.rev, Path(tmp))
-        if args.method:
-            return engines_ab(package, args)
-        from specdec.core.models.checkpoint import load_model
-        folder = str(Path(args.kit) / args.model)
-        old = importlib.import_module(package + ".core.models.checkpoint")
-        models = {args.rev: old.load_model(folder), "this checkout": load_model(folder)}
+def forwards_ab(package: str, args: argparse.Namespace) -> None:
+    """One checkpoint's forward, the earlier commit's against this checkout's, shape by shape."""
+    from specdec.core.models.checkpoint import load_model
+
+    folder = str(Path(args.kit) / args.model)
+    old = importlib.import_module(package + ".core.models.checkpoint")
+    models = {args.rev: old.load_model(folder), "this checkout": load_model(folder)}
     caches = {k: m.new_cache(8, 512) for k, m in models.items()}
     print(f"{folder}, {args.threads} thread(s), {args.calls} alternating pairs per shape; "
           f"speedup = {args.rev} time / this checkout's time, per pair")
@@ -134,6 +121,23 @@ def main(argv: list[str] | None = None) -> None:
                   f"{statistics.median(times['this checkout']) * 1e3:.3f} ms; speedup median {statistics.median(ratios):.2f}x "
                   f"(quartiles {ratios[q]:.2f}-{ratios[-q - 1]:.2f})")
 
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", required=True, help="git revision to compare against (e.g. a commit before a change)")
+    ap.add_argument("--model", default="target", help="checkpoint folder under the kit (target, draft) (default: target)")
+    ap.add_argument("--kit", default=str(DEMO_KIT), help="folder with the checkpoints (default: demo kit)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--shapes", default=SHAPES, help=f"batch x new tokens per forward (default: {SHAPES})")
+    ap.add_argument("--calls", type=int, default=400, help="paired calls per shape (default: 400)")
+    ap.add_argument("--method", help="A/B whole engines of this method (baseline, ngram, draft, medusa, eagle, eagle2)")
+    ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
+    ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        package = import_revision(args.rev, Path(tmp))
+        (engines_ab if args.method else forwards_ab)(package, args)
 
 if __name__ == "__main__":
     main()
