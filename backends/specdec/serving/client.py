@@ -125,6 +125,7 @@ def _stream_grpc(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
 
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
+    complete = False
     try:
         client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
         tensors = grpc_tensors(inputs)
@@ -138,6 +139,7 @@ def _stream_grpc(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
             if error is not None:
                 raise ClientError(error.message() if isinstance(error, InferenceServerException) else str(error))
             final = result.get_response().parameters["triton_final_response"].bool_param
+            complete = final
             if result.as_numpy("text_output") is None:  # an empty final response
                 if final:
                     yield Chunk("", [], 0, 0, 0.0, "", True)
@@ -149,7 +151,9 @@ def _stream_grpc(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
     except InferenceServerException as exc:
         raise ClientError(exc.message()) from None
     finally:
-        client.stop_stream(cancel_requests=True)
+        # a finished stream is closed, not cancelled: cancelling the call after its final
+        # response is at best pointless; only a reader that stops early cancels its request
+        client.stop_stream(cancel_requests=not complete)
         client.close()
 
 
