@@ -135,6 +135,21 @@ def test_cancel_frees_the_slot_within_one_step(kit):
     assert eng.free_slots == [0] and not eng.running
 
 
+def test_a_batch_takes_the_lowest_slots_in_order_whatever_order_the_last_one_finished(kit):
+    """Slots come back in the order sequences finish; the next batch still runs in slots 0..B-1, in
+    order, so attention reads the KV cache as a slice (scattered slots gathered a copy of the whole
+    batch's cache in every layer)."""
+    eng = engine(kit, max_batch=4)
+    eng.generate(prompts(4), [SamplingParams(max_tokens=n, ignore_eos=True) for n in (5, 2, 7, 3)])
+    for p in prompts(3, seed=1):
+        eng.submit(p, SamplingParams(max_tokens=4, ignore_eos=True), lambda out: None)
+    eng.step()
+    assert [s.slot for s in eng.running] == [0, 1, 2]
+    eng.submit("def f(x):", SamplingParams(max_tokens=4, ignore_eos=True), lambda out: None)
+    eng.step()
+    assert [s.slot for s in eng.running] == [0, 1, 2, 3]
+
+
 def test_full_slots_queue_then_time_out(kit):
     eng = engine(kit, max_batch=1, queue_timeout_s=0.0)
     first, second = [], []

@@ -12,6 +12,7 @@ Threading: `submit` and `cancel` may be called from any thread; the loop runs in
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import threading
@@ -90,7 +91,7 @@ class Engine:
         self.cache = target.new_cache(max_batch, self.capacity)
         if proposer is not None:
             proposer.allocate(max_batch, self.capacity)
-        self.free_slots = list(range(max_batch))
+        self.free_slots = list(range(max_batch))  # a heap: the lowest free slot is taken first (_admit)
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.streams: dict[str, OutputStream] = {}
@@ -219,7 +220,11 @@ class Engine:
         with self.lock:
             while self.queue and self.free_slots:
                 seq = self.queue.popleft()
-                seq.slot = self.free_slots.pop(0)
+                # the lowest free slot, and `running` kept in slot order (_prefill): a batch whose
+                # slots form one range reads its KV cache as a slice, where scattered slots (in the
+                # order sequences happened to finish) made every layer gather a copy of the batch's
+                # whole cache
+                seq.slot = heapq.heappop(self.free_slots)
                 seq.stats.admitted = now
                 admitted.append(seq)
             expired = [s for s in self.queue if now - s.stats.arrival > self.queue_timeout_s]
@@ -255,6 +260,7 @@ class Engine:
             self.policy.admit(seq)
             self.running.append(seq)
             self._emit(seq, [first])
+        self.running.sort(key=lambda s: s.slot)
 
     def _decode(self) -> None:
         seqs = list(self.running)
@@ -349,7 +355,7 @@ class Engine:
             if self.proposer is not None:
                 self.proposer.release(seq.slot)
             self.policy.release(seq.slot)
-            self.free_slots.append(seq.slot)
+            heapq.heappush(self.free_slots, seq.slot)
             seq.slot = -1
         self.metrics.finished += 1
         self.metrics.errors += reason == "error"
