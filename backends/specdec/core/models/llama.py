@@ -206,7 +206,8 @@ class BatchContext:
     def read(self, cache_layer: Tensor) -> Tensor:
         if self.contiguous:
             return cache_layer[self.slot0 : self.slot0 + self.B, : self.length]
-        return cache_layer[self.slots, : self.length]
+        # a copy either way; index_select copies 4x faster than advanced indexing here
+        return cache_layer[:, : self.length].index_select(0, self.slots)
 
 
 def linear_of(modules: list[nn.Linear]) -> InferenceLinear:
