@@ -16,7 +16,7 @@ def test_forward_ab_against_head_times_both_and_agrees(capsys):
 
 
 def test_engine_ab_against_head_checks_outputs_and_times_both(capsys):
-    main(["--rev", "HEAD", "--method", "ngram", "--batch", "8", "--rounds", "1"])
+    main(["--rev", "HEAD", "--method", "ngram", "--batch", "8", "--rounds", "1", "--policy", "adaptive"])
     out = capsys.readouterr().out
-    assert re.search(r"ngram, batch 8, 1 thread\(s\), 1 alternating rounds .*: HEAD [\d.]+ s, this checkout [\d.]+ s; "
+    assert re.search(r"ngram, batch 8, adaptive policy, 1 thread\(s\), 1 alternating rounds .*: HEAD [\d.]+ s, this checkout [\d.]+ s; "
                      r"speedup median [\d.]+x .*identical outputs", out)

@@ -2,13 +2,15 @@
 
     python -m specdec.tools.forward_ab --rev 4807f05 --model target --threads 1
     python -m specdec.tools.forward_ab --rev 43e8d00 --method eagle2 --batch 8
+    python -m specdec.tools.forward_ab --rev 9d7df4d --method eagle --batch 8 --policy adaptive
 
 A whole-command timing cannot separate a faster forward from the machine's drift, and timed unit
 tests prove nothing; this imports the earlier commit's `specdec` package under another name beside
 the current one, loads the same checkpoints into both, and times them in alternating order: per
 call (400 pairs per shape by default) for a forward, per generation (8 held-out prompts x 128
-greedy tokens, fixed k) for `--method`, so each ratio compares runs made moments apart. Both must
-pick the same tokens, or the comparison stops.
+greedy tokens, fixed k unless `--policy adaptive`) for `--method`, so each ratio compares runs made
+moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
+depend on the policy).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
     old_config = importlib.import_module(package + ".core.config")
     old_build = importlib.import_module(package + ".core.engine_config").build_engine
     old_params = importlib.import_module(package + ".core.sampling").SamplingParams
-    settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy="fixed", threads=args.threads)
+    settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
     engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params),
                "this checkout": (build_engine(EngineConfig.of(**settings)), SamplingParams)}
     prompts = heldout_prompts(8)
@@ -87,7 +89,7 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
     times = time_pairs(runs, args.rounds)
     ratios = sorted(a / b for a, b in zip(*times.values()))
-    print(f"{args.method}, batch {args.batch}, {args.threads} thread(s), {args.rounds} alternating rounds of 8 x 128 "
+    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of 8 x 128 "
           f"greedy tokens: {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
           f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--method", help="A/B whole engines of this method (baseline, ngram, draft, medusa, eagle, eagle2)")
     ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
     ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
+    ap.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed", help="--method: the engines' policy (default: fixed)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
