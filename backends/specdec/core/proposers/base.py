@@ -39,9 +39,12 @@ class Proposer(Protocol):
 RIDE_ALONG_TOKENS = 8  # a paused row with at most this many pending tokens catches up with the drafting rows
 
 
-def catch_up_rows(seqs: list[Sequence], ks: list[int], backlog: Callable[[Sequence], int]) -> list[Sequence]:
+def catch_up_rows(
+    seqs: list[Sequence], ks: list[int], backlog: Callable[[Sequence], int]
+) -> tuple[list[Sequence], list[int]]:
     """The sequences a model drafter feeds to its catch-up forward this proposal (`backlog`: how
-    many committed tokens the drafter has not seen yet for a sequence).
+    many committed tokens the drafter has not seen yet for a sequence), and the row among them of
+    each drafting sequence (k > 0), in order.
 
     The rows that draft must; a paused row rides along while its backlog is short (it costs
     little in the same batched forward, and a sequence that resumes then drafts at once instead of
@@ -49,7 +52,8 @@ def catch_up_rows(seqs: list[Sequence], ks: list[int], backlog: Callable[[Sequen
     policy drafts for a few sequences, the drafter must not prefill every paused row's backlog
     with them (at batch 8, EAGLE's catch-up on 16-48 steps of 8 rows took 17-31 ms, against a
     4.5 ms step)."""
-    return [s for s, k in zip(seqs, ks) if k > 0 or backlog(s) <= RIDE_ALONG_TOKENS]
+    picked = [(s, k > 0) for s, k in zip(seqs, ks) if k > 0 or backlog(s) <= RIDE_ALONG_TOKENS]
+    return [s for s, _ in picked], [i for i, (_, drafts) in enumerate(picked) if drafts]
 
 
 def next_draft_tokens(

@@ -49,15 +49,13 @@ class DraftModelProposer:
         if not active:
             return drafts
         device = self.model.lm_head.weight.device
-        fed = catch_up_rows(seqs, ks, lambda s: len(s.tokens) - self.fed[s.slot])
-        row_of = {s.slot: i for i, s in enumerate(fed)}
+        fed, at = catch_up_rows(seqs, ks, lambda s: len(s.tokens) - self.fed[s.slot])
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
         starts = [self.fed[s.slot] for s in fed]
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
         hidden = self.model(tokens, positions, self.cache, [s.slot for s in fed], starts,
                             lengths=[len(p) for p in pending])
-        at = [row_of[seqs[b].slot] for b in active]
         last = torch.tensor([len(pending[i]) - 1 for i in at], device=device)
         logits = self.model.logits(hidden[torch.tensor(at, device=device), last])  # row i: rows[i]
         out: dict[int, list[int]] = {b: [] for b in active}

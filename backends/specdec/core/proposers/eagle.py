@@ -97,9 +97,8 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        fed = catch_up_rows(seqs, ks, lambda s: sum(map(len, self.pending[s.slot])))
-        row_of = {s.slot: i for i, s in enumerate(fed)}
-        root_features = self.catch_up(fed)[torch.tensor([row_of[s.slot] for s in batch], device=self.head.fc.weight.device)]
+        fed, rows = catch_up_rows(seqs, ks, lambda s: sum(map(len, self.pending[s.slot])))
+        root_features = self.catch_up(fed)[torch.tensor(rows, device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
                  else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
         for b, d in zip(active, found):
