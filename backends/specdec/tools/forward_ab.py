@@ -142,5 +142,6 @@ def main(argv: list[str] | None = None) -> None:
         package = import_revision(args.rev, Path(tmp))
         (engines_ab if args.method else forwards_ab)(package, args)
 
+
 if __name__ == "__main__":
     main()

@@ -147,9 +147,10 @@ class EagleProposer:
             for b in range(B):
                 expanded[b] += frontier[b]
             width = max(len(e) for e in expanded)
-            tokens, features, positions, mask = [], [], [], []
+            tokens, features, positions, mask, wheres = [], [], [], [], []
             for b in range(B):
-                where = {c: i for i, c in enumerate(expanded[b])}
+                where = {c: i for i, c in enumerate(expanded[b])}  # candidate -> its row in this forward
+                wheres.append(where)
                 pad = width - len(expanded[b])
                 tokens.append([cands[b][c][0] for c in expanded[b]] + [0] * pad)
                 features.append(torch.stack([parent_feature[b][cands[b][c][1]] for c in expanded[b]] + [zero] * pad))
@@ -164,7 +165,7 @@ class EagleProposer:
             out = self.head(self.embed(torch.tensor(tokens, device=device)), torch.stack(features),
                             torch.tensor(positions, device=device), self.cache, [s.slot for s in seqs], starts,
                             torch.tensor(mask, device=device))
-            at = [(b, expanded[b].index(c)) for b in range(B) for c in frontier[b]]
+            at = [(b, wheres[b][c]) for b in range(B) for c in frontier[b]]
             grown = out[torch.tensor([b for b, _ in at], device=device), torch.tensor([i for _, i in at], device=device)]
             node_logp = torch.log_softmax(self.target.logits(grown).float(), -1)
             values, indices = (t.tolist() for t in torch.topk(node_logp, tree.top_k, dim=-1))
