@@ -41,6 +41,8 @@ def test_medusa_public_format(tmp_path, fmt):
         for l in range(layers):
             h = h + F.silu(h @ state[f"{i}.{l}.linear.weight"].T + state[f"{i}.{l}.linear.bias"])
         assert torch.allclose(got[i], h @ state[f"{i}.{layers}.weight"].T, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, num_heads=2), got[:2])  # a shallow draft runs the first heads only
 
 
 def test_medusa_missing_weights_is_a_clear_error(tmp_path):

@@ -44,6 +44,17 @@ def recorded_first_drafts(eng, skip_every: int = 0, long_pause: int = 0):
     return seen
 
 
+@pytest.mark.parametrize("k, heads_run", [(1, 1), (4, 2), (6, 3)])
+def test_medusa_runs_only_the_heads_its_tree_reaches(kit, k, heads_run):  # noqa: F811
+    # mc_sim_7b_63's first nodes: [0] [0,0] [1] [0,1] [2] [0,0,0]: depth 1, 2 and 3 at k = 1, 4, 6
+    eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", max_batch=2, k=k, **kit))
+    heads, ran = eng.proposer.heads, []
+    forward = heads.forward
+    heads.forward = lambda hidden, num_heads=None: ran.append(num_heads) or forward(hidden, num_heads)
+    drafts = [d for _, d in recorded_first_drafts(eng)]
+    assert set(ran) == {heads_run} and max(map(len, drafts)) == k
+
+
 @pytest.mark.parametrize("skip_every,long_pause", [(0, 0), (3, 0), (0, 12)])
 @pytest.mark.parametrize("method", ["eagle", "eagle2"])
 def test_eagle_first_draft_matches_teacher_forced_head(kit, method, skip_every, long_pause):  # noqa: F811

@@ -38,9 +38,10 @@ class ResBlock(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden, hidden)
+        self.inference: InferenceLinear | None = None  # set by MedusaHeads.prepare_inference
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + F.silu(self.linear(x))
+        return x + F.silu((self.inference or self.linear)(x))
 
 
 class MedusaHeads(nn.Module):
@@ -52,10 +53,35 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], nn.Linear(hidden, vocab, bias=False))
             for _ in range(num_heads)
         )
+        # per head, its residual blocks and its packed vocabulary projection; set by prepare_inference
+        self.inference: list[tuple[list[ResBlock], InferenceLinear]] | None = None
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        """[..., H] -> [num_heads, ..., V] logits."""
-        return torch.stack([head(hidden) for head in self.heads])
+    def prepare_inference(self) -> None:
+        """Packed matmuls (`linear.InferenceLinear`), as the target's: a batch's rows no longer
+        make `F.linear` repack each head's vocabulary projection (2 MB on the kit) on every call."""
+        self.inference = []
+        for head in self.heads:
+            *blocks, vocab = head
+            for block in blocks:
+                block.inference = InferenceLinear(block.linear.weight, block.linear.bias)
+            self.inference.append((blocks, InferenceLinear(vocab.weight)))
+
+    def forward(self, hidden: Tensor, num_heads: int | None = None) -> Tensor:
+        """[..., H] -> [num_heads, ..., V] logits of the first `num_heads` heads (all by default).
+
+        A draft that reaches depth d needs heads 0..d-1 only. Each head ends in a vocabulary
+        projection (on the kit a sixth of the target's weights), and a 4-node tree (depth 2) that
+        ran all three heads spent a third of its drafting on tokens it never used."""
+        n = self.num_heads if num_heads is None else num_heads
+        if self.inference is None:  # training
+            return torch.stack([self.heads[i](hidden) for i in range(n)])
+        logits = []
+        for blocks, vocab in self.inference[:n]:
+            x = hidden
+            for block in blocks:
+                x = block(x)
+            logits.append(vocab(x))
+        return torch.stack(logits)
 
     def save(self, folder: str | Path, dtype: torch.dtype = torch.float16, base_model: str = "") -> None:
         folder = Path(folder)
@@ -83,7 +109,9 @@ class MedusaHeads(nn.Module):
         vocab, hidden = state[f"0.{num_layers}.weight"].shape
         heads = cls(hidden, vocab, num_heads, num_layers)
         heads.heads.load_state_dict(state, strict=True)
-        return heads.to(device=device, dtype=dtype).eval()
+        heads = heads.to(device=device, dtype=dtype).eval()
+        heads.prepare_inference()
+        return heads
 
 
 class EagleHead(nn.Module):

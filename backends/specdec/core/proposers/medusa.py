@@ -57,7 +57,8 @@ class MedusaProposer:
         self.shapes = [TreeShape.build(parents[:n]) for n in range(self.max_k + 1)]  # the tree's prefixes
         self.head_of = torch.tensor([len(p) - 1 for p in self.tree], device=heads_device(heads))
         self.rank_of = torch.tensor([p[-1] for p in self.tree], device=heads_device(heads))
-        self.topk = max(max(p) for p in self.tree) + 1
+        # per tree prefix of n nodes: the top-k its deepest ranks need (heads run: depth_for)
+        self.topk = [max((max(p) for p in self.tree[:n]), default=0) + 1 for n in range(self.max_k + 1)]
         self.last_hidden: dict[int, Tensor] = {}
 
     def depth_for(self, k: int) -> int:
@@ -75,9 +76,11 @@ class MedusaProposer:
         active = [b for b, k in enumerate(ks) if k > 0]
         if not active:
             return drafts
+        n = min(max(ks), self.max_k)  # the batch's largest tree prefix: every row's nodes are among its first n
         hidden = torch.stack([self.last_hidden[seqs[b].slot] for b in active])
-        top = torch.topk(self.heads(hidden), self.topk, dim=-1).indices  # [heads, B, topk]
-        nodes = top[self.head_of, :, self.rank_of].T.tolist()  # [B, nodes]: one host transfer
+        logits = self.heads(hidden, num_heads=self.depth_for(n))  # only the heads its nodes come from
+        top = torch.topk(logits, self.topk[n], dim=-1).indices  # [heads, B, topk]
+        nodes = top[self.head_of[:n], :, self.rank_of[:n]].T.tolist()  # [B, nodes]: one host transfer
         for row, b in enumerate(active):
             shape = self.shapes[min(ks[b], self.max_k)]
             drafts[b] = Draft(nodes[row][: len(shape.parents)], shape.parents, shape=shape)
