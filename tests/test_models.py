@@ -89,6 +89,39 @@ def test_tree_mask_equals_separate_chains(tiny_target):
         assert torch.allclose(cache.v[:, 0, :7], fresh.v[:, 0, :7], atol=1e-12)
 
 
+@pytest.mark.parametrize("prefix_lengths", [[5], [5, 3]])
+def test_a_tree_grown_one_depth_per_forward_equals_the_whole_tree_in_one(tiny_target, prefix_lengths):
+    """EAGLE-2's way: the second forward runs only the new depth, its mask reaching back to the
+    nodes the first wrote; the same logits as one forward over every node (one sequence: the
+    cache's plain window; two with different prefixes: indexed writes)."""
+    model = load_model(tiny_target, dtype=torch.float64)
+    # nodes a0 b0 (depth 1), then a1 (child of a0) and b1 (child of b0)
+    tokens, parents = [7, 11, 8, 12], [-1, -1, 0, 1]
+    full = torch.zeros(4, 4, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        full[i, i] = True
+        if p >= 0:
+            full[i, p] = True
+    B, slots = len(prefix_lengths), list(range(len(prefix_lengths)))
+    with torch.no_grad():
+        def prefilled():
+            cache = model.new_cache(B, 32)
+            for slot, n in zip(slots, prefix_lengths):
+                model(torch.arange(3, 3 + n)[None], torch.arange(n)[None], cache, [slot], [0])
+            return cache
+
+        def run(cache, nodes, mask):
+            pos = torch.tensor([[n + (parents[i] >= 0) for i in nodes] for n in prefix_lengths])
+            toks = torch.tensor([[tokens[i] for i in nodes]] * B)
+            return model.logits(model(toks, pos, cache, slots, prefix_lengths, tree_mask=mask.expand(B, -1, -1)))
+
+        whole = run(prefilled(), [0, 1, 2, 3], full)
+        cache = prefilled()
+        first = run(cache, [0, 1], full[:2, :2])
+        second = run(cache, [2, 3], full[2:, :])
+    assert torch.allclose(torch.cat([first, second], 1), whole, atol=1e-10)
+
+
 def test_missing_weights_is_a_clear_error(tmp_path, tiny_target):
     import shutil
 

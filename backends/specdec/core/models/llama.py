@@ -154,6 +154,10 @@ class BatchContext:
     token i when j lies in the sequence's committed prefix (j < start_b), or when j is new token
     j - start_b and the tree mask allows it.
 
+    A tree mask may also cover tree nodes an earlier forward wrote (EAGLE-2 grows its tree one
+    depth per forward and runs only the new depth): with `tree_mask` [B, T, W], keys
+    start_b .. start_b + W - T - 1 are those nodes and the new tokens are written after them.
+
     Rows padded to the batch's widest row (`lengths[b]` < T real tokens) write their padding to
     the cache's scratch position, never past the row's own entries: a long-running sequence
     batched with a newly admitted long prompt would otherwise write start_b + T past the end of
@@ -165,34 +169,36 @@ class BatchContext:
         B = len(slots)
         self.B, self.slot0 = B, slots[0]
         self.contiguous = B == 1 or slots == list(range(slots[0], slots[0] + B))
-        self.length = max(starts) + T
+        # the keys after the prefix: tree nodes (if any) and the new tokens, last
+        self.width = W = T if tree_mask is None else tree_mask.shape[-1]
+        self.length = max(starts) + W
         padded = lengths is not None and min(lengths) < T
         same_start = min(starts) == max(starts)
         # Tensors are made only where a shape needs them (each is a few microseconds, and a
         # drafter's one-token step is all fixed costs): the common decode shapes write a plain
         # block of the cache and read a plain range of slots.
-        self.window = (slice(self.slot0, self.slot0 + B), slice(starts[0], starts[0] + T)) \
+        self.window = (slice(self.slot0, self.slot0 + B), slice(starts[0] + W - T, starts[0] + W)) \
             if self.contiguous and same_start and not padded else None
         self.slots = None if self.contiguous else torch.tensor(slots, device=device)
-        start_t = None if self.window is not None and T == 1 else torch.tensor(starts, device=device)
+        start_t = None if self.window is not None and W == 1 else torch.tensor(starts, device=device)
         if self.window is None:
             self.slot_index = torch.tensor(slots, device=device)[:, None]
-            self.write_pos = start_t[:, None] + torch.arange(T, device=device)
+            self.write_pos = start_t[:, None] + torch.arange(W - T, W, device=device)
             if padded:
                 valid = torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
                 self.write_pos = torch.where(valid, self.write_pos, scratch)
                 self.length = max(s + n for s, n in zip(starts, lengths))
-        if T == 1 and same_start:
+        if W == 1 and same_start:
             self.mask = None  # one new token per sequence, same length: it sees every key
         else:
             j = torch.arange(self.length, device=device)
-            rel = j[None, :] - start_t[:, None]  # [B, L]: key j's index among the new tokens
+            rel = j[None, :] - start_t[:, None]  # [B, L]: key j's index among the tree's (or new) tokens
             if tree_mask is None:  # (a padded query sees keys up to its own index: outputs unused)
                 i = torch.arange(T, device=device)
                 new_visible = (rel[:, None, :] >= 0) & (rel[:, None, :] <= i[None, :, None])
             else:
-                in_new = (rel >= 0) & (rel < T)
-                gathered = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, self.length))
+                in_new = (rel >= 0) & (rel < W)
+                gathered = torch.gather(tree_mask, 2, rel.clamp(0, W - 1)[:, None, :].expand(B, T, self.length))
                 new_visible = gathered & in_new[:, None, :]
             self.mask = ((rel < 0)[:, None, :] | new_visible)[:, None]  # [B, 1, T, L]
 
@@ -244,14 +250,15 @@ def run_decoder(
 ) -> Tensor:
     """Decoder layers over embedded inputs x [B, T, H]; shared by the Llama model and the EAGLE head.
     lengths[b]: how many of row b's T tokens are real (the rest is padding); None: all of them.
-    Every position is below max(starts) + T (a tree node's depth and a padded row's index both are)."""
+    Every position is below max(starts) + W, W the tree mask's width or else T (a tree node's depth
+    and a padded row's index both are)."""
     T = x.shape[1]
     if cache is None:
         ctx = None
         positions, bound = torch.arange(T, device=x.device).expand(x.shape[0], -1), T
     else:
         ctx = BatchContext(slots, starts, T, tree_mask, x.device, lengths, cache.scratch)
-        bound = max(starts) + T
+        bound = max(starts) + ctx.width
     cos_sin = rope(positions, bound, x)
     for layer in layers:
         x = layer(x, cos_sin, cache, ctx)

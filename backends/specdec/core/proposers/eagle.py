@@ -128,8 +128,10 @@ class EagleProposer:
 
     def tree_drafts(self, seqs: list[Sequence], root_feature: Tensor, ks: list[int]) -> list[Draft]:
         """EAGLE-2: grow every sequence's tree depth by depth, one head forward per depth for the
-        whole batch over all expanded nodes; each depth's inputs are built from Python lists in
-        one tensor each, and its new candidates scored with one output-head call and one topk."""
+        whole batch over that depth's frontier only (the nodes expanded before it are already in
+        the head's cache, and the tree mask reaches back to them); each depth's inputs are built
+        from Python lists in one tensor each, and its new candidates scored with one output-head
+        call and one topk."""
         tree, device = self.tree, root_feature.device
         B = len(seqs)
         logp = torch.log_softmax(self.target.logits(root_feature).float(), -1)
@@ -138,35 +140,27 @@ class EagleProposer:
         # each candidate's ancestors (root side first), built once when the candidate is made
         cands = [[(t, -1, v) for v, t in zip(values[b], indices[b])] for b in range(B)]
         ancestors: list[list[list[int]]] = [[[] for _ in range(tree.top_k)] for _ in range(B)]
-        frontier = [list(range(tree.top_k)) for _ in range(B)]
-        expanded: list[list[int]] = [[] for _ in range(B)]  # candidates whose pair is in the head's cache region
+        frontier = [list(range(tree.top_k)) for _ in range(B)]  # top_k nodes each, at every depth
+        where: list[dict[int, int]] = [{} for _ in range(B)]  # expanded candidate -> its key after the root
         starts = [len(s.tokens) - 1 for s in seqs]
         parent_feature: list[dict[int, Tensor]] = [{-1: root_feature[b]} for b in range(B)]
-        zero = root_feature.new_zeros(root_feature.shape[-1])
         for _ in range(min(tree.depth, max(ks)) - 1):  # a tree of k nodes is at most k deep
+            written = len(where[0])  # every sequence expands top_k nodes per depth
+            tokens, features, positions, mask = [], [], [], []
             for b in range(B):
-                expanded[b] += frontier[b]
-            width = max(len(e) for e in expanded)
-            tokens, features, positions, mask, wheres = [], [], [], [], []
-            for b in range(B):
-                where = {c: i for i, c in enumerate(expanded[b])}  # candidate -> its row in this forward
-                wheres.append(where)
-                pad = width - len(expanded[b])
-                tokens.append([cands[b][c][0] for c in expanded[b]] + [0] * pad)
-                features.append(torch.stack([parent_feature[b][cands[b][c][1]] for c in expanded[b]] + [zero] * pad))
-                positions.append([starts[b] + len(ancestors[b][c]) for c in expanded[b]] + [starts[b]] * pad)
-                rows = [[False] * width for _ in range(width)]
-                for i, c in enumerate(expanded[b]):
+                for i, c in enumerate(frontier[b]):
+                    where[b][c] = written + i
+                tokens.append([cands[b][c][0] for c in frontier[b]])
+                features.append(torch.stack([parent_feature[b][cands[b][c][1]] for c in frontier[b]]))
+                positions.append([starts[b] + len(ancestors[b][c]) for c in frontier[b]])
+                rows = [[False] * (written + tree.top_k) for _ in frontier[b]]
+                for i, c in enumerate(frontier[b]):
                     for a in ancestors[b][c] + [c]:
-                        rows[i][where[a]] = True
-                for i in range(len(expanded[b]), width):
-                    rows[i][i] = True  # padding sees itself only (its output is never read)
+                        rows[i][where[b][a]] = True
                 mask.append(rows)
-            out = self.head(self.embed(torch.tensor(tokens, device=device)), torch.stack(features),
-                            torch.tensor(positions, device=device), self.cache, [s.slot for s in seqs], starts,
-                            torch.tensor(mask, device=device))
-            at = [(b, wheres[b][c]) for b in range(B) for c in frontier[b]]
-            grown = out[torch.tensor([b for b, _ in at], device=device), torch.tensor([i for _, i in at], device=device)]
+            grown = self.head(self.embed(torch.tensor(tokens, device=device)), torch.stack(features),
+                              torch.tensor(positions, device=device), self.cache, [s.slot for s in seqs], starts,
+                              torch.tensor(mask, device=device)).flatten(0, 1)
             node_logp = torch.log_softmax(self.target.logits(grown).float(), -1)
             values, indices = (t.tolist() for t in torch.topk(node_logp, tree.top_k, dim=-1))
             row = 0
