@@ -7,6 +7,8 @@ import json
 import pytest
 
 from specdec.cli import main
+from specdec.core.engine import EngineMetrics
+from specdec.tools.bench import forward_rate
 from test_engine import kit  # noqa: F401  (module-scoped fixture: tiny target, draft, Medusa, EAGLE)
 
 
@@ -37,11 +39,20 @@ def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, cap
         assert f["tokens_per_s"] > 0
         if f["method"] == "baseline":
             assert f["speedup"] == pytest.approx(1.0) and f["mean_accepted_length"] == pytest.approx(1.0)
+            assert f["analytic_bound"] == pytest.approx(1.0)
         else:
             assert 0 < f["mean_draft_tokens"] <= 4  # k = 4 caps every method, trees included
         steps = f["step_ms"]
         assert steps["forward"] > 0 and steps["step"] >= steps["forward"] + steps["draft"]
         assert f"| {f['batch']} | {f['method']} | {steps['step']:.2f} |" in out  # the profile table
+
+
+def test_the_bound_is_tokens_committed_per_second_of_proposals_and_forwards():
+    # rows that finish early leave later steps with fewer rows: the bound counts what the run
+    # committed, not tokens per row times a full batch (prefill gave each of the 8 its first token)
+    baseline = EngineMetrics(steps=10, output_tokens=8 + 80, verify_seconds=1.0)
+    drained = EngineMetrics(steps=10, output_tokens=8 + 120, propose_seconds=0.5, verify_seconds=1.0)
+    assert forward_rate(drained, 8) / forward_rate(baseline, 8) == pytest.approx((120 / 1.5) / (80 / 1.0))
 
 
 def test_bench_peer_hf_runs_transformers_on_the_same_checkpoints_and_prompts(kit, tmp_path, capsys):  # noqa: F811
