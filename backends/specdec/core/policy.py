@@ -64,9 +64,9 @@ PROBE_BUDGET = 0.03  # a probe while speculation is off catches the probed rows'
 # row's backlog): EAGLE's two-layer head at batch 8 spent 17-31 ms per all-row probe (about a
 # third of every step it covered); the small draft model's probes stay within budget, and drafting
 # every row is how a batch of 8 learns that drafting pays (1.14-1.29x for the draft model). At a
-# 10% budget EAGLE's all-row probes still passed and an adaptive batch of 8 that never drafted ran
-# at 0.91-0.95x of the baseline; at 3% it ran 1.06x faster than at 10% (forward_ab, 8 rounds),
-# the draft model 1.03x (its probes stay within budget), Medusa and EAGLE-2 the same.
+# 10% budget, adaptive EAGLE and EAGLE-2 batches of 8 that drafted only in probes ran at 0.91-0.96x
+# of the baseline (`specdec bench`, three runs); at 3% EAGLE's ran 1.06x faster than at 10%
+# (forward_ab, 8 rounds), the draft model's 1.03x, Medusa's and EAGLE-2's the same.
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
