@@ -366,12 +366,14 @@ class Engine:
         """A verification-shaped target forward (start-up cost calibration; every slot is still
         free): n new tokens after a typical context, logits for all of them, as a decode step does.
         Leaving out the context or the logits made the target look 2x cheaper than it is, and the
-        policy then judged every proposer too expensive. The tokens are spread over rows of at
-        most max_k + 1 as a batch's verification is, so every row fits its slot: all of them in
-        one slot ran past its end (max_batch * (max_k + 1) tokens from position 256) and a 61-node
-        Medusa model could not load."""
-        width = min(n, self.policy.max_k + 1)
-        rows = -(-n // width)  # <= max_batch: calibration probes at most max_batch * (max_k + 1) tokens
+        policy then judged every proposer too expensive. The tokens are spread over as many rows
+        as a full batch has, as a step of n tokens is: n rows of one token up to max_batch, then
+        max_batch rows of up to max_k + 1 (so every row fits its slot). Two rows of 4-5 tokens,
+        taken for 8 tokens before, read the cache of 2 sequences instead of 8: at batch 8 the
+        curve put a k = 4 step (8 x 5) at 2.25x a plain one (8 x 1) where it ran 1.46x, and the
+        draft model (1.3x at fixed k = 4) stayed off in some runs."""
+        rows = min(n, self.max_batch)
+        width = -(-n // rows)  # <= max_k + 1: calibration probes at most max_batch * (max_k + 1) tokens
         start = min(256, self.max_context // 2)
         with torch.inference_mode():
             tokens = torch.zeros(rows, width, dtype=torch.long, device=self.device)
