@@ -93,6 +93,9 @@ class CostModel:
     draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))
     load: float = 1.0  # how much slower than at calibration the machine runs now
     last_n: int = 0  # the token count of the last measured step (0: none yet)
+    # verify_at_calibration by token count, kept until the curve's points move: the policy looks
+    # up a few dozen counts every step, and the curve moves only after a step at a new count
+    curve: dict[int, float] = field(default_factory=dict, repr=False)
 
     def draft(self, depth: int) -> float:
         return self.load * self.draft_at_calibration(depth)
@@ -138,12 +141,19 @@ class CostModel:
             ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
             for j in points:
                 self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
+            self.curve.clear()
         self.last_n = n
 
     def verify(self, n: int) -> float:
         return self.load * self.verify_at_calibration(n)
 
     def verify_at_calibration(self, n: int) -> float:
+        seconds = self.curve.get(n)
+        if seconds is None:
+            seconds = self.curve[n] = self.interpolate(n)
+        return seconds
+
+    def interpolate(self, n: int) -> float:
         i = bisect_left(self.token_counts, n)
         if i == 0:
             return self.seconds[0]
@@ -257,27 +267,23 @@ class Policy:
         order = sorted((i for i, p in enumerate(pinned) if not p and alphas[i] >= COLLAPSE_ALPHA and caps[i]),
                        key=lambda i: -alphas[i])
         n = len(caps)
-        # this runs every step: each cost is looked up once per call (a few dozen candidate rates
-        # at batch 8 cost ~0.1 ms, 2% of a step, most of it in these lookups)
-        draft_s = [cost.draft(d) for d in range(depth_of[-1] + 1)]
-        verify_s: dict[int, float] = {}
-
-        def rate(tokens: float, extra: int, depth: int) -> float:
-            seconds = verify_s.get(extra)
-            if seconds is None:
-                seconds = verify_s[extra] = cost.verify(n + extra)
-            return tokens / (seconds + draft_s[depth])
-
-        best_rate, best_k, best_m = rate(fixed_tokens, fixed_extra, fixed_depth), 0, 0
+        # this runs every step, a few dozen rates at batch 8, so each lookup is cheap: rates are
+        # only compared with each other, so costs stay in calibration units (the load factor
+        # scales them all alike), and the curve's points are memoized between steps
+        draft_s = [cost.draft_at_calibration(d) for d in range(depth_of[-1] + 1)]
+        verify = cost.verify_at_calibration
+        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth])
+        best_k = best_m = 0
         for k in self.candidates[1:]:
             tokens, extra, depth = fixed_tokens, fixed_extra, fixed_depth
             for m, i in enumerate(order, 1):
-                kk = min(k, caps[i])
+                kk = k if k < caps[i] else caps[i]
                 d = depth_of[kk]
                 tokens += expected_tokens(alphas[i], d) - 1.0
                 extra += kk
-                depth = max(depth, d)
-                r = rate(tokens, extra, depth)
+                if d > depth:
+                    depth = d
+                r = tokens / (verify(n + extra) + draft_s[depth])
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])
