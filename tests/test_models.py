@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec.core.models.checkpoint import CheckpointError, load_model
+from specdec.core.models.linear import InferenceLinear, one_row_packed
 from tiny_checkpoints import make_hf_checkpoint
 
 
@@ -130,3 +131,25 @@ def test_missing_weights_is_a_clear_error(tmp_path, tiny_target):
     (bad / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_model(bad)
+
+
+def test_a_large_model_sends_single_rows_to_its_packed_weights_a_small_one_keeps_them_plain(monkeypatch):
+    """One row of a model whose weights outgrow the CPU's caches goes to oneDNN's packed weights
+    (faster there); one row of a small model stays on F.linear's matrix-vector kernel; more rows
+    go packed either way. Same numbers up to float rounding."""
+    big, small = torch.nn.Linear(1024, 1024), torch.nn.Linear(256, 512)  # 4 MiB and 512 KiB of weights
+    assert one_row_packed(big) and not one_row_packed(small)
+    packed_calls = []
+    pointwise = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: packed_calls.append(1) or pointwise(*a))
+    with torch.no_grad():
+        for model, want in ((big, [1, 1]), (small, [0, 1])):
+            layer = InferenceLinear(model.weight, model.bias, one_row_packed(model))
+            assert layer.packed is not None  # both are packable
+            got = []
+            for rows in (1, 3):
+                x = torch.randn(rows, model.in_features)
+                before = len(packed_calls)
+                assert torch.allclose(layer(x), torch.nn.functional.linear(x, model.weight, model.bias), atol=1e-4)
+                got.append(len(packed_calls) - before)
+            assert got == want

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from specdec.core.models.checkpoint import CheckpointError, load_weights
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.linear import InferenceLinear
+from specdec.core.models.linear import InferenceLinear, one_row_packed
 from specdec.core.models.llama import DecoderLayer, RopeTable, prepare_inference, run_decoder
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -59,12 +59,12 @@ class MedusaHeads(nn.Module):
     def prepare_inference(self) -> None:
         """Packed matmuls (`linear.InferenceLinear`), as the target's: a batch's rows no longer
         make `F.linear` repack each head's vocabulary projection (2 MB on the kit) on every call."""
-        self.inference = []
+        self.inference, rows = [], one_row_packed(self)
         for head in self.heads:
             *blocks, vocab = head
             for block in blocks:
-                block.inference = InferenceLinear(block.linear.weight, block.linear.bias)
-            self.inference.append((blocks, InferenceLinear(vocab.weight)))
+                block.inference = InferenceLinear(block.linear.weight, block.linear.bias, rows)
+            self.inference.append((blocks, InferenceLinear(vocab.weight, pack_one_row=rows)))
 
     def forward(self, hidden: Tensor, num_heads: int | None = None) -> Tensor:
         """[..., H] -> [num_heads, ..., V] logits of the first `num_heads` heads (all by default).
@@ -126,8 +126,9 @@ class EagleHead(nn.Module):
 
     def prepare_inference(self) -> None:
         """Fused, packed projections (`linear.InferenceLinear`), as the target's."""
-        prepare_inference(self.layers)
-        self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias)
+        rows = one_row_packed(self)
+        prepare_inference(self.layers, rows)
+        self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias, rows)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight

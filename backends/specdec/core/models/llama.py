@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.linear import InferenceLinear
+from specdec.core.models.linear import InferenceLinear, one_row_packed
 
 
 class RMSNorm(nn.Module):
@@ -216,13 +216,13 @@ class BatchContext:
         return cache_layer[:, : self.length].index_select(0, self.slots)
 
 
-def linear_of(modules: list[nn.Linear]) -> InferenceLinear:
+def linear_of(modules: list[nn.Linear], pack_one_row: bool = False) -> InferenceLinear:
     """One inference matmul for several projections of the same input (q/k/v; gate/up): small
     models on CPU are bound by per-call cost, so one call instead of three or two. The modules'
     own parameters become views of the fused weight, so it is not a second copy (a single
     module's weight is used as it is)."""
     if len(modules) == 1:
-        return InferenceLinear(modules[0].weight, modules[0].bias)
+        return InferenceLinear(modules[0].weight, modules[0].bias, pack_one_row)
     weight = torch.cat([m.weight.detach() for m in modules])
     bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
     start = 0
@@ -232,15 +232,16 @@ def linear_of(modules: list[nn.Linear]) -> InferenceLinear:
         if bias is not None:
             m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
         start += n
-    return InferenceLinear(weight, bias)
+    return InferenceLinear(weight, bias, pack_one_row)
 
 
-def prepare_inference(layers: nn.ModuleList) -> None:
+def prepare_inference(layers: nn.ModuleList, pack_one_row: bool = False) -> None:
     """Inference: fused and packed projections (`linear.InferenceLinear`) for every layer."""
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
-        a.qkv, a.out = linear_of([a.q_proj, a.k_proj, a.v_proj]), linear_of([a.o_proj])
-        m.gate_up, m.down = linear_of([m.gate_proj, m.up_proj]), linear_of([m.down_proj])
+        a.qkv = linear_of([a.q_proj, a.k_proj, a.v_proj], pack_one_row)
+        a.out = linear_of([a.o_proj], pack_one_row)
+        m.gate_up, m.down = linear_of([m.gate_proj, m.up_proj], pack_one_row), linear_of([m.down_proj], pack_one_row)
 
 
 def run_decoder(
@@ -321,5 +322,6 @@ class LlamaForCausalLM(nn.Module):
     def prepare_inference(self) -> None:
         """Fused, packed projections and output head (`linear.InferenceLinear`); training keeps the
         modules' own `nn.Linear`s."""
-        prepare_inference(self.model.layers)
-        self.head = InferenceLinear(self.lm_head.weight)
+        rows = one_row_packed(self)
+        prepare_inference(self.model.layers, rows)
+        self.head = InferenceLinear(self.lm_head.weight, pack_one_row=rows)
