@@ -59,12 +59,12 @@ class MedusaHeads(nn.Module):
     def prepare_inference(self) -> None:
         """Packed matmuls (`linear.InferenceLinear`), as the target's: a batch's rows no longer
         make `F.linear` repack each head's vocabulary projection (2 MB on the kit) on every call."""
-        self.inference, rows = [], one_row_packed(self)
+        self.inference, pack_one_row = [], one_row_packed(self)
         for head in self.heads:
             *blocks, vocab = head
             for block in blocks:
-                block.inference = InferenceLinear(block.linear.weight, block.linear.bias, rows)
-            self.inference.append((blocks, InferenceLinear(vocab.weight, pack_one_row=rows)))
+                block.inference = InferenceLinear(block.linear.weight, block.linear.bias, pack_one_row)
+            self.inference.append((blocks, InferenceLinear(vocab.weight, pack_one_row=pack_one_row)))
 
     def forward(self, hidden: Tensor, num_heads: int | None = None) -> Tensor:
         """[..., H] -> [num_heads, ..., V] logits of the first `num_heads` heads (all by default).
@@ -126,9 +126,9 @@ class EagleHead(nn.Module):
 
     def prepare_inference(self) -> None:
         """Fused, packed projections (`linear.InferenceLinear`), as the target's."""
-        rows = one_row_packed(self)
-        prepare_inference(self.layers, rows)
-        self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias, rows)
+        pack_one_row = one_row_packed(self)
+        prepare_inference(self.layers, pack_one_row)
+        self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias, pack_one_row)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight

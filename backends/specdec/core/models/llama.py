@@ -322,6 +322,6 @@ class LlamaForCausalLM(nn.Module):
     def prepare_inference(self) -> None:
         """Fused, packed projections and output head (`linear.InferenceLinear`); training keeps the
         modules' own `nn.Linear`s."""
-        rows = one_row_packed(self)
-        prepare_inference(self.model.layers, rows)
-        self.head = InferenceLinear(self.lm_head.weight, pack_one_row=rows)
+        pack_one_row = one_row_packed(self)
+        prepare_inference(self.model.layers, pack_one_row)
+        self.head = InferenceLinear(self.lm_head.weight, pack_one_row=pack_one_row)
