@@ -144,7 +144,6 @@ def bench(
         seconds: dict[str, list[float]] = {m: [] for m in methods}
         outputs: dict[str, list[list[int]]] = {}
         stats: dict[str, list] = {}
-        metrics: dict[str, EngineMetrics] = {}
         runs: dict[str, list[EngineMetrics]] = {m: [] for m in methods}
         hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" else None
         peers = hf.methods(batch) if hf else []
@@ -161,21 +160,20 @@ def bench(
                 eng = engines[m]
                 s, outputs[m], stats[m] = run_once(eng, prompts, params)
                 seconds[m].append(s)
-                metrics[m] = eng.metrics
                 runs[m].append(eng.metrics)
                 log(f"  batch {batch} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
             for p in peers:
                 s, peer_outputs[p] = hf.run(p, prompt_ids, batch, max_tokens)
                 peer_seconds[p].append(s)
                 log(f"  batch {batch} repeat {r + 1}/{repeats} {p:9s} {sum(map(len, peer_outputs[p])) / s:8.1f} tok/s")
+        base_rates = [forward_rate(run, len(prompts)) for run in runs["baseline"]]
         for m in methods:
-            mt = metrics[m]
+            mt = runs[m][-1]  # the last repeat's counters (acceptance, drafts)
             tokens = sum(map(len, outputs[m]))
             ratios = [seconds["baseline"][r] / seconds[m][r] for r in range(repeats)]
             rounds = sum(st.steps - 1 for st in stats[m])
             tau = sum(st.output_tokens - 1 for st in stats[m]) / max(rounds, 1)
-            bounds = [forward_rate(runs[m][r], len(prompts)) / forward_rate(runs["baseline"][r], len(prompts))
-                      for r in range(repeats)]
+            bounds = [forward_rate(run, len(prompts)) / base for run, base in zip(runs[m], base_rates)]
             identical = [a == b for a, b in zip(outputs[m], outputs["baseline"])]
             margins = [divergence_margin(engines[m], p, ref, got)
                        for p, ref, got, same in zip(prompts, outputs["baseline"], outputs[m], identical) if not same]
