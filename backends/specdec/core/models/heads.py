@@ -30,6 +30,7 @@ from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
 from specdec.core.models.linear import InferenceLinear, one_row_packed
 from specdec.core.models.llama import DecoderLayer, RopeTable, prepare_inference, run_decoder
+from specdec.core.models.native import NativeDecoder
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -123,12 +124,14 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i, input_norm=i > 0) for i in range(config.num_hidden_layers))
         self.rope = RopeTable(config)
         self.fc_inference: InferenceLinear | None = None  # set by prepare_inference
+        self.native: NativeDecoder | None = None  # set by prepare_inference where it can run
 
     def prepare_inference(self) -> None:
         """Fused, packed projections (`linear.InferenceLinear`), as the target's."""
         pack_one_row = one_row_packed(self)
         prepare_inference(self.layers, pack_one_row)
         self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias, pack_one_row)
+        self.native = NativeDecoder.for_layers(self.layers)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight
@@ -141,7 +144,7 @@ class EagleHead(nn.Module):
     ) -> Tensor:
         """Predicted next features [B, T, H] from (embed(token_{t+1}), feature_t) pairs."""
         x = (self.fc_inference or self.fc)(torch.cat((token_embeds, features), dim=-1))
-        return run_decoder(self.layers, self.rope, x, positions, cache, slots, starts, tree_mask, lengths)
+        return run_decoder(self.layers, self.rope, x, positions, cache, slots, starts, tree_mask, lengths, native=self.native)
 
     def save(self, folder: str | Path, dtype: torch.dtype = torch.float16) -> None:
         folder = Path(folder)

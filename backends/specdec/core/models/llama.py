@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
 from specdec.core.models.linear import InferenceLinear, one_row_packed
+from specdec.core.models.native import NativeDecoder
 
 
 class RMSNorm(nn.Module):
@@ -66,6 +67,11 @@ class RopeTable:
 
     def __call__(self, positions: Tensor, bound: int, like: Tensor) -> tuple[Tensor, Tensor]:
         """Rows for positions [B, T] (all < bound) as [B, T, 1, head_dim], in like's dtype and device."""
+        cos, sin = self.table(bound, like)
+        return cos[positions], sin[positions]
+
+    def table(self, bound: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """The whole tables [n, 1, head_dim], n >= bound, in like's dtype and device."""
         if self.cos is None or bound > len(self.cos) or self.cos.dtype != like.dtype or self.cos.device != like.device:
             n = max(bound, 2 * (0 if self.cos is None else len(self.cos)), 256)
             inv_freq = rope_inv_freq(self.config).float().to(like.device)
@@ -73,7 +79,7 @@ class RopeTable:
             cos, sin = freqs.cos(), freqs.sin()
             self.cos = torch.cat((cos, cos), -1)[:, None].to(like.dtype)
             self.sin = torch.cat((-sin, sin), -1)[:, None].to(like.dtype)
-        return self.cos[positions], self.sin[positions]
+        return self.cos, self.sin
 
 
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -247,13 +253,19 @@ def prepare_inference(layers: nn.ModuleList, pack_one_row: bool = False) -> None
 def run_decoder(
     layers: nn.ModuleList, rope: RopeTable, x: Tensor, positions: Tensor | None, cache: KVCache | None,
     slots: list[int] | None, starts: list[int] | None, tree_mask: Tensor | None = None,
-    lengths: list[int] | None = None,
+    lengths: list[int] | None = None, norm: nn.Module | None = None, native: NativeDecoder | None = None,
 ) -> Tensor:
-    """Decoder layers over embedded inputs x [B, T, H]; shared by the Llama model and the EAGLE head.
+    """Decoder layers over embedded inputs x [B, T, H], then `norm` if given; shared by the Llama
+    model and the EAGLE head. With `native` (the same layers and norm as a `NativeDecoder`), the
+    forwards it accepts run as one native call.
     lengths[b]: how many of row b's T tokens are real (the rest is padding); None: all of them.
     Every position is below max(starts) + W, W the tree mask's width or else T (a tree node's depth
     and a padded row's index both are)."""
     T = x.shape[1]
+    if native is not None and cache is not None and native.accepts(x, cache.k):
+        W = T if tree_mask is None else tree_mask.shape[-1]
+        cos, sin = rope.table(max(starts) + W, x)
+        return native(x, positions, cos, sin, cache.k, cache.v, slots, starts, tree_mask, lengths, cache.scratch)
     if cache is None:
         ctx = None
         positions, bound = torch.arange(T, device=x.device).expand(x.shape[0], -1), T
@@ -263,7 +275,7 @@ def run_decoder(
     cos_sin = rope(positions, bound, x)
     for layer in layers:
         x = layer(x, cos_sin, cache, ctx)
-    return x
+    return x if norm is None else norm(x)
 
 
 class LlamaModel(nn.Module):
@@ -285,6 +297,7 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head: InferenceLinear | None = None  # set by prepare_inference
+        self.native: NativeDecoder | None = None  # set by prepare_inference where it can run
         self.rope = RopeTable(config)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
@@ -313,8 +326,8 @@ class LlamaForCausalLM(nn.Module):
         self, x: Tensor, positions: Tensor | None, cache: KVCache | None, slots: list[int] | None,
         starts: list[int] | None, tree_mask: Tensor | None = None, lengths: list[int] | None = None,
     ) -> Tensor:
-        x = run_decoder(self.model.layers, self.rope, x, positions, cache, slots, starts, tree_mask, lengths)
-        return self.model.norm(x)
+        return run_decoder(self.model.layers, self.rope, x, positions, cache, slots, starts, tree_mask, lengths,
+                           self.model.norm, self.native)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return (self.head or self.lm_head)(hidden)
@@ -325,3 +338,4 @@ class LlamaForCausalLM(nn.Module):
         pack_one_row = one_row_packed(self)
         prepare_inference(self.model.layers, pack_one_row)
         self.head = InferenceLinear(self.lm_head.weight, pack_one_row=pack_one_row)
+        self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)

@@ -1,0 +1,159 @@
+"""Decoder layers as one native call (`decoder.c`) for decode and verification steps on CPU.
+
+An eager forward of the demo kit's target makes ~125 PyTorch operator calls per token, and at
+these model sizes their fixed cost is most of a step. `NativeDecoder` runs a model's layers for
+a few rows of new tokens in one C call instead. The C source is compiled once per machine with
+the system's C compiler (`cc -O3 -march=native`) into `native_cache_dir()`; where there is no
+compiler, or `SPECDEC_NATIVE=0`, every forward stays eager. Prefill (many rows) stays eager too:
+oneDNN's packed GEMM is the faster kernel there (`NATIVE_MAX_ROWS`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("decoder.c")
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-lm"]
+# More rows than this in one forward (a prompt's prefill, a large tree at a large batch) go to the
+# eager layers, whose packed oneDNN GEMM is faster for them; see docs/engine.md for the crossover.
+NATIVE_MAX_ROWS = 64
+
+
+def native_cache_dir() -> Path:
+    """Where the compiled library is kept: $SPECDEC_CACHE, else ~/.cache/specdec."""
+    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec") / "native"
+
+
+def _cpu_signature() -> str:
+    """-march=native code runs only on CPUs like the one it was built on: part of the cache key."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return platform.machine() + flags
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The compiled decoder, built on first use; None where native decoding is off or cannot build."""
+    if os.environ.get("SPECDEC_NATIVE", "1") == "0":
+        return None
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    target = native_cache_dir() / f"decoder-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            try:
+                subprocess.run([os.environ.get("CC", "cc"), str(SOURCE), "-o", str(built), *FLAGS],
+                               check=True, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.SubprocessError) as e:
+                detail = getattr(e, "stderr", "") or e
+                log.warning("native decoder not built (%s); decoder layers run eager", detail)
+                return None
+            os.replace(built, target)  # atomic: concurrent builders each install a whole file
+    lib = ctypes.CDLL(str(target))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.specdec_decoder_forward.restype = ctypes.c_int
+    lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, i64, p, i64]
+    return lib
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("in_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")]
+
+
+class _Decoder(ctypes.Structure):
+    _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("n_heads", ctypes.c_int32),
+                ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("inter", ctypes.c_int32),
+                ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class NativeDecoder:
+    """A model's decoder layers (after `llama.prepare_inference`) and its final norm, if any, as
+    one native call. Holds a transposed float32 copy of each projection (output dimension
+    contiguous, what the C kernel vectorizes over) and a contiguous copy of norms and biases."""
+
+    def __init__(self, layers: nn.ModuleList, norm: nn.Module | None, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.keep: list[Tensor] = []  # every tensor the C struct points to
+
+        def t(w: Tensor) -> int:
+            self.keep.append(w.detach().t().contiguous())
+            return self.keep[-1].data_ptr()
+
+        def own(w: Tensor | None) -> int | None:
+            if w is None:
+                return None
+            self.keep.append(w.detach().contiguous())
+            return self.keep[-1].data_ptr()
+
+        structs = []
+        for layer in layers:
+            a, m, first = layer.self_attn, layer.mlp, layer.input_layernorm
+            structs.append(_Layer(
+                in_norm=own(getattr(first, "weight", None)),  # EAGLE's first layer has none (nn.Identity)
+                qkv=t(a.qkv.weight), qkv_bias=own(a.qkv.bias), o=t(a.out.weight), o_bias=own(a.out.bias),
+                post_norm=own(layer.post_attention_layernorm.weight), gate_up=t(m.gate_up.weight), down=t(m.down.weight)))
+        self.layer_array = (_Layer * len(structs))(*structs)
+        a = layers[0].self_attn
+        self.decoder = _Decoder(len(structs), a.qkv.in_features, a.n_heads, a.n_kv, a.head_dim,
+                                layers[0].mlp.down.in_features, layers[0].post_attention_layernorm.eps,
+                                self.layer_array, own(None if norm is None else norm.weight))
+        self.decoder_ptr = ctypes.addressof(self.decoder)
+
+    @staticmethod
+    def for_layers(layers: nn.ModuleList, norm: nn.Module | None = None) -> "NativeDecoder | None":
+        """The native decoder for these layers (then `norm`, an RMSNorm with the layers' eps), or
+        None where they must stay eager (no library, not float32 on CPU, a shape the kernel does
+        not take)."""
+        lib = library()
+        p = layers[0].self_attn.qkv.weight
+        a, m = layers[0].self_attn, layers[0].mlp
+        dims = (a.qkv.in_features, a.head_dim, m.down.in_features, a.n_heads * a.head_dim)
+        if lib is None or p.device.type != "cpu" or p.dtype != torch.float32 or any(n % 16 for n in dims) or a.head_dim > 512:
+            return None
+        return NativeDecoder(layers, norm, lib)
+
+    def __call__(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,
+                 slots: list[int], starts: list[int], tree_mask: Tensor | None, lengths: list[int] | None,
+                 scratch: int) -> Tensor:
+        """The layers over x [B, T, H] (a new tensor is returned); arguments as `llama.run_decoder`'s,
+        cos / sin the rotary table's rows [n, 1, head_dim] for every position, k / v the cache."""
+        B, T, _ = x.shape
+        x = x.contiguous().clone()
+        positions = positions.to(torch.int64).contiguous()
+        i64 = ctypes.c_int64 * B
+        W = T if tree_mask is None else tree_mask.shape[-1]
+        mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
+        rc = self.lib.specdec_decoder_forward(
+            self.decoder_ptr, x.data_ptr(), B, T, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*starts),
+            None if lengths is None else i64(*lengths), scratch, None if mask is None else mask.data_ptr(), W)
+        if rc != 0:
+            raise RuntimeError(f"native decoder failed with code {rc}")
+        return x
+
+    @staticmethod
+    def accepts(x: Tensor, k: Tensor) -> bool:
+        """Whether this forward runs natively: float32 on CPU (the cache too), few enough rows."""
+        return (x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu"
+                and x.shape[0] * x.shape[1] <= NATIVE_MAX_ROWS)

@@ -1,0 +1,256 @@
+/* Llama decoder layers for a few rows of new tokens, in one native call.
+ *
+ * Why: a decode step of a small model on CPU is bound by per-call cost, not arithmetic. An eager
+ * PyTorch forward of the demo kit's 4-layer target makes ~125 operator calls per token (~1.5 ms of
+ * a 2.5 ms step); llama.cpp runs the same weights in 0.4 ms. This file is the step's layers as one
+ * call: matrix products that read each weight once for all rows, fused norm / rotary / attention /
+ * SiLU, and no allocation of tensors. It covers what decode and verification need (B sequences x
+ * T new tokens against their KV-cache slots, causal or under a tree mask); `native.py` decides when
+ * it runs and falls back to the eager layers otherwise. Semantics are those of `llama.py`'s
+ * `run_decoder` and `BatchContext` (see there); results equal the eager ones up to float rounding.
+ *
+ * Every (row, output) dot product is summed in the same order whatever the number of rows, so a
+ * token's hidden state does not depend on what else is in the batch: verifying a draft gives the
+ * plain step's numbers bit for bit.
+ *
+ * Weights are passed transposed ([in, out], output dimension contiguous) so that 16 outputs are
+ * one vector and no horizontal sums are needed; output dimensions must be multiples of 16.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef float v4 __attribute__((vector_size(16), aligned(4)));
+
+typedef struct {
+    const float *in_norm;   /* [H], or NULL: no input norm (EAGLE's first layer) */
+    const float *qkv;       /* [H, (nq + 2 nkv) hd], transposed */
+    const float *qkv_bias;  /* [(nq + 2 nkv) hd] or NULL */
+    const float *o;         /* [nq hd, H] */
+    const float *o_bias;    /* [H] or NULL */
+    const float *post_norm; /* [H] */
+    const float *gate_up;   /* [H, 2 I]: gate columns, then up */
+    const float *down;      /* [I, H] */
+} Layer;
+
+typedef struct {
+    int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter;
+    float eps;
+    const Layer *layers;
+    const float *final_norm; /* [H], or NULL: the caller's output is the last layer's */
+} Decoder;
+
+static inline float hsum16(v16 v) {
+    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+static inline v16 ld(const float *p) { return *(const v16 *)p; }
+static inline void st(float *p, v16 v) { *(v16 *)p = v; }
+
+/* out[r, ob .. ob + 16 NC) = bias + x[r] @ wt[:, ob ..], for RB rows at once: each weight vector is
+ * loaded once per RB rows, and each row's sums run over h in the same order for any RB. */
+#define MM_KERNEL(RB, NC)                                                                        \
+    static void mm_##RB##_##NC(const float *x, int64_t N, const float *wt, int64_t M, int64_t ob, \
+                               const float *bias, float *out) {                                 \
+        v16 acc[RB][NC];                                                                         \
+        for (int r = 0; r < RB; r++)                                                             \
+            for (int c = 0; c < NC; c++) acc[r][c] = bias ? ld(bias + ob + 16 * c) : (v16){0};   \
+        for (int64_t h = 0; h < N; h++) {                                                        \
+            const float *w = wt + h * M + ob;                                                    \
+            v16 wv[NC];                                                                          \
+            for (int c = 0; c < NC; c++) wv[c] = ld(w + 16 * c);                                 \
+            for (int r = 0; r < RB; r++) {                                                       \
+                float xv = x[r * N + h];                                                         \
+                for (int c = 0; c < NC; c++) acc[r][c] += xv * wv[c];                            \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < RB; r++)                                                             \
+            for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]);               \
+    }
+/* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers */
+MM_KERNEL(1, 4)
+MM_KERNEL(2, 4)
+MM_KERNEL(3, 4)
+MM_KERNEL(4, 4)
+MM_KERNEL(5, 4)
+MM_KERNEL(6, 4)
+MM_KERNEL(1, 1)
+MM_KERNEL(2, 1)
+MM_KERNEL(3, 1)
+MM_KERNEL(4, 1)
+MM_KERNEL(5, 1)
+MM_KERNEL(6, 1)
+#define ROWS 6
+
+typedef void (*mm_fn)(const float *, int64_t, const float *, int64_t, int64_t, const float *, float *);
+static const mm_fn MM4[ROWS + 1] = {0, mm_1_4, mm_2_4, mm_3_4, mm_4_4, mm_5_4, mm_6_4};
+static const mm_fn MM1[ROWS + 1] = {0, mm_1_1, mm_2_1, mm_3_1, mm_4_1, mm_5_1, mm_6_1};
+
+/* out [R, M] = x [R, N] @ wt [N, M] + bias */
+static void matmul(const float *x, int64_t R, int64_t N, const float *wt, const float *bias, int64_t M, float *out) {
+    int64_t ob = 0;
+    for (; ob + 64 <= M; ob += 64)
+        for (int64_t r = 0; r < R; r += ROWS) {
+            int64_t n = R - r < ROWS ? R - r : ROWS;
+            MM4[n](x + r * N, N, wt, M, ob, bias, out + r * M);
+        }
+    for (; ob < M; ob += 16)
+        for (int64_t r = 0; r < R; r += ROWS) {
+            int64_t n = R - r < ROWS ? R - r : ROWS;
+            MM1[n](x + r * N, N, wt, M, ob, bias, out + r * M);
+        }
+}
+
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* per lane: mask (a comparison's all-ones or zero) ? a : b */
+static inline v16 sel(v16i mask, v16 a, v16 b) { return (v16)(((v16i)a & mask) | ((v16i)b & ~mask)); }
+
+/* exp of 16 floats (Cephes' expf polynomial: within 2 ulp of expf over float's range) */
+static inline v16 exp16(v16 x) {
+    const v16 zero = {0};
+    x = sel(x < -87.3f, zero - 87.3f, x);
+    x = sel(x > 88.3f, zero + 88.3f, x);
+    v16 fx = x * 1.44269504088896341f + 0.5f;
+    v16 n = __builtin_convertvector(__builtin_convertvector(fx, v16i), v16);
+    n = sel(n > fx, n - 1.0f, n);  /* floor */
+    x = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 y = zero + 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * x * x + x + 1.0f;
+    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return y * (v16)bits;
+}
+
+static void rms_norm(const float *x, const float *w, int64_t H, float eps, float *out) {
+    v16 acc = {0};
+    for (int64_t h = 0; h < H; h += 16) acc += ld(x + h) * ld(x + h);
+    float scale = 1.0f / sqrtf(hsum16(acc) / (float)H + eps);
+    for (int64_t h = 0; h < H; h += 16) st(out + h, ld(x + h) * scale * ld(w + h));
+}
+
+/* x * cos + roll(x, hd / 2) * signed_sin, in place, for one head */
+static void rope(float *x, const float *cos, const float *sin, int64_t hd) {
+    float tmp[512];
+    int64_t half = hd / 2;
+    for (int64_t d = 0; d < hd; d++) tmp[d] = x[d] * cos[d] + x[(d + half) % hd] * sin[d];
+    memcpy(x, tmp, hd * sizeof(float));
+}
+
+/* Returns 0, or a negative code for input it cannot run (native.py never passes such). */
+int specdec_decoder_forward(
+    const Decoder *d, float *x, int64_t B, int64_t T,
+    const int64_t *positions,            /* [B, T] */
+    const float *cos, const float *sin,  /* [n, hd]: rotary rows per position */
+    float *k_cache, float *v_cache,      /* [layers, slots, capacity + 1, nkv, hd] */
+    int64_t layer_stride, int64_t slot_stride,
+    const int64_t *slots, const int64_t *starts,
+    const int64_t *lengths,              /* [B] real tokens per row, or NULL: all T */
+    int64_t scratch,                     /* where padding is written */
+    const uint8_t *tree_mask, int64_t W  /* [B, T, W] or NULL (then W == T: causal) */
+) {
+    const int64_t H = d->hidden, nq = d->n_heads, nkv = d->n_kv, hd = d->head_dim, I = d->inter;
+    const int64_t R = B * T, QKV = (nq + 2 * nkv) * hd, group = nq / nkv;
+    if (hd > 512 || hd % 16 || H % 16 || I % 16) return -1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < B; b++) max_len = starts[b] + W > max_len ? starts[b] + W : max_len;
+    float *buf = malloc(sizeof(float) * (R * H + R * QKV + R * nq * hd + R * 2 * I + R * I + max_len + 16));
+    if (!buf) return -2;
+    float *xn = buf, *qkv = xn + R * H, *att = qkv + R * QKV, *gu = att + R * nq * hd, *act = gu + R * 2 * I;
+    float *scores = act + R * I;
+
+    for (int32_t l = 0; l < d->n_layers; l++) {
+        const Layer *L = &d->layers[l];
+        float *kc = k_cache + l * layer_stride, *vc = v_cache + l * layer_stride;
+        for (int64_t r = 0; r < R; r++) {
+            if (L->in_norm) rms_norm(x + r * H, L->in_norm, H, d->eps, xn + r * H);
+            else memcpy(xn + r * H, x + r * H, H * sizeof(float));
+        }
+        matmul(xn, R, H, L->qkv, L->qkv_bias, QKV, qkv);
+        /* rotary on queries and keys, then keys and values into their slots */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < T; i++) {
+                int64_t r = b * T + i, p = positions[r];
+                float *row = qkv + r * QKV;
+                for (int64_t h = 0; h < nq + nkv; h++) rope(row + h * hd, cos + p * hd, sin + p * hd, hd);
+                int64_t pos = (lengths && i >= lengths[b]) ? scratch : starts[b] + W - T + i;
+                int64_t off = slots[b] * slot_stride + pos * nkv * hd;
+                memcpy(kc + off, row + nq * hd, nkv * hd * sizeof(float));
+                memcpy(vc + off, row + (nq + nkv) * hd, nkv * hd * sizeof(float));
+            }
+        /* attention: key j of row b is visible to new token i if j < start (the committed prefix)
+         * or, rel = j - start, the tree mask allows rel (causal without one: rel <= i) */
+        for (int64_t b = 0; b < B; b++) {
+            const float *ks = kc + slots[b] * slot_stride, *vs = vc + slots[b] * slot_stride;
+            int64_t start = starts[b], len = start + W;
+            for (int64_t i = 0; i < T; i++) {
+                int64_t r = b * T + i;
+                const uint8_t *tm = tree_mask ? tree_mask + r * W : NULL;
+                for (int64_t h = 0; h < nq; h++) {
+                    const float *q = qkv + r * QKV + h * hd;
+                    int64_t g = h / group;
+                    float mx = -INFINITY;
+                    for (int64_t j = 0; j < len; j++) {
+                        int64_t rel = j - start;
+                        int visible = rel < 0 || (tm ? tm[rel] : rel <= i);
+                        if (!visible) { scores[j] = -INFINITY; continue; }
+                        const float *k = ks + j * nkv * hd + g * hd;
+                        v16 acc = ld(q) * ld(k);
+                        for (int64_t e = 16; e < hd; e += 16) acc += ld(q + e) * ld(k + e);
+                        float s = hsum16(acc) * scale;
+                        scores[j] = s;
+                        if (s > mx) mx = s;
+                    }
+                    float *o = att + r * nq * hd + h * hd;
+                    memset(o, 0, hd * sizeof(float));
+                    if (mx == -INFINITY) continue;
+                    for (int64_t j = len; j % 16; j++) scores[j] = -INFINITY;
+                    v16 total = {0};
+                    for (int64_t j = 0; j < len; j += 16) {  /* hidden keys weigh exactly 0 */
+                        v16 sc = ld(scores + j);
+                        v16 p = sel(sc > -INFINITY, exp16(sc - mx), (v16){0});
+                        st(scores + j, p);
+                        total += p;
+                    }
+                    for (int64_t j = 0; j < len; j++) {
+                        float p = scores[j];
+                        if (p == 0) continue;
+                        const float *v = vs + j * nkv * hd + g * hd;
+                        for (int64_t e = 0; e < hd; e += 16) st(o + e, ld(o + e) + p * ld(v + e));
+                    }
+                    float inv = 1.0f / hsum16(total);
+                    for (int64_t e = 0; e < hd; e += 16) st(o + e, ld(o + e) * inv);
+                }
+            }
+        }
+        matmul(att, R, nq * hd, L->o, L->o_bias, H, xn);
+        for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
+        for (int64_t r = 0; r < R; r++) rms_norm(x + r * H, L->post_norm, H, d->eps, xn + r * H);
+        matmul(xn, R, H, L->gate_up, NULL, 2 * I, gu);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t n = 0; n < I; n += 16) {  /* SiLU(gate) * up */
+                v16 g = ld(gu + r * 2 * I + n);
+                st(act + r * I + n, g / (1.0f + exp16((v16){0} - g)) * ld(gu + r * 2 * I + I + n));
+            }
+        matmul(act, R, I, L->down, NULL, H, xn);
+        for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
+    }
+    if (d->final_norm)
+        for (int64_t r = 0; r < R; r++) {
+            rms_norm(x + r * H, d->final_norm, H, d->eps, xn);
+            memcpy(x + r * H, xn, H * sizeof(float));
+        }
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,130 @@
+"""The native decoder (`core/models/native`) against the eager layers it replaces, and when it runs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from specdec.core.models import native
+from specdec.core.models.checkpoint import load_model
+from specdec.core.models.config import LlamaConfig
+from specdec.core.models.heads import EagleHead
+from specdec.core.models.llama import run_decoder
+
+PREFIX = [5, 3]  # two sequences' committed lengths (different: per-row starts and masks)
+
+
+def prefilled(model, slots):
+    """A cache with two different prompts prefilled eagerly (many rows: never native) in `slots`."""
+    cache = model.new_cache(4, 48)
+    torch.manual_seed(0)
+    for slot, n in zip(slots, PREFIX):
+        model(torch.randint(0, 300, (1, n)), torch.arange(n)[None], cache, [slot], [0])
+    return cache
+
+
+def tree(parents):
+    mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        while p >= 0:
+            mask[i, p] = True
+            p = parents[p]
+    return mask
+
+
+CASES = {
+    # name: (tokens per row, positions offsets, tree mask or None, lengths or None)
+    "one token": (1, [0], None, None),
+    "causal chain": (4, [0, 1, 2, 3], None, None),
+    "tree": (4, [0, 1, 1, 2], tree([-1, 0, 0, 1]), None),
+    "padded rows": (3, [0, 1, 2], None, [3, 1]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("slots", [[0, 1], [3, 1]], ids=["contiguous", "scattered"])
+def test_native_layers_equal_the_eager_ones(tiny_target, case, slots):
+    """Hidden states and every cache entry the forward writes agree with the eager layers (float
+    rounding apart), for decode, chain and tree verification and padded rows."""
+    model = load_model(tiny_target)
+    assert model.native is not None, "the tiny target's dimensions are multiples of 16: it must run natively"
+    T, offsets, mask, lengths = CASES[case]
+    tokens = torch.tensor([[7, 11, 13, 17][:T], [19, 23, 29, 31][:T]])
+    positions = torch.tensor([[n + o for o in offsets] for n in PREFIX])
+    masks = None if mask is None else mask.expand(2, -1, -1)
+    out = {}
+    for name, nat in (("native", model.native), ("eager", None)):
+        model.native = nat
+        cache = prefilled(model, slots)
+        with torch.no_grad():
+            hidden = model(tokens, positions, cache, slots, PREFIX, masks, lengths)
+        out[name] = hidden, cache
+    (h_native, c_native), (h_eager, c_eager) = out["native"], out["eager"]
+    real = [lengths[b] if lengths else T for b in range(2)]
+    for b in range(2):
+        assert torch.allclose(h_native[b, : real[b]], h_eager[b, : real[b]], atol=1e-5), case
+        end = PREFIX[b] + real[b]
+        assert torch.allclose(c_native.k[:, slots[b], :end], c_eager.k[:, slots[b], :end], atol=1e-5)
+        assert torch.allclose(c_native.v[:, slots[b], :end], c_eager.v[:, slots[b], :end], atol=1e-5)
+
+
+def test_a_tokens_numbers_do_not_depend_on_what_else_the_forward_runs(tiny_target):
+    """Bit for bit: a token decoded alone, as the root of a 4-token draft and beside another
+    sequence gives the same hidden state, so verification sees the plain step's numbers."""
+    model = load_model(tiny_target)
+    with torch.no_grad():
+        cache = prefilled(model, [0, 1])
+        alone = model(torch.tensor([[7]]), torch.tensor([[PREFIX[0]]]), cache, [0], [PREFIX[0]])
+        chain = model(torch.tensor([[7, 1, 2, 3]]), PREFIX[0] + torch.arange(4)[None], cache, [0], [PREFIX[0]])
+        batch = model(torch.tensor([[7], [9]]), torch.tensor([[PREFIX[0]], [PREFIX[1]]]), cache, [0, 1], PREFIX)
+    assert torch.equal(alone[0, 0], chain[0, 0])
+    assert torch.equal(alone[0, 0], batch[0, 0])
+
+
+def test_the_eagle_heads_layers_run_natively_without_an_input_norm(tiny_target):
+    config = LlamaConfig.from_file(tiny_target / "config.json")
+    config.num_hidden_layers = 2
+    torch.manual_seed(1)
+    head = EagleHead(config).eval()
+    head.prepare_inference()
+    assert head.native is not None
+    x = torch.randn(2, 3, config.hidden_size)
+    runs = []
+    for nat in (head.native, None):
+        cache = head.new_cache(2, 16)
+        with torch.no_grad():
+            runs.append(run_decoder(head.layers, head.rope, x, torch.arange(3).expand(2, -1), cache, [0, 1], [0, 0],
+                                    native=nat))
+    assert torch.allclose(*runs, atol=1e-5)
+
+
+def test_prefill_float64_and_odd_shapes_stay_eager(tiny_target, tiny_draft):
+    model = load_model(tiny_target)
+    x = torch.zeros(1, native.NATIVE_MAX_ROWS + 1, 64)
+    assert not model.native.accepts(x, model.new_cache(1, 8).k)
+    assert model.native.accepts(x[:, :1], model.new_cache(1, 8).k)
+    assert load_model(tiny_target, dtype=torch.float64).native is None
+    assert load_model(tiny_draft).native is None  # head_dim 8: not a multiple of 16
+
+
+def test_switched_off_or_without_a_compiler_every_forward_is_eager(tiny_target, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    try:
+        native.library.cache_clear()
+        monkeypatch.setenv("SPECDEC_NATIVE", "0")
+        assert load_model(tiny_target).native is None
+        native.library.cache_clear()
+        monkeypatch.setenv("SPECDEC_NATIVE", "1")
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        with caplog.at_level(logging.WARNING):
+            assert load_model(tiny_target).native is None
+        assert "native decoder not built" in caplog.text
+        native.library.cache_clear()
+        monkeypatch.delenv("CC")
+        assert load_model(tiny_target).native is not None  # built afresh into the new cache dir
+        assert list((tmp_path / "native").glob("decoder-*.so"))
+    finally:
+        native.library.cache_clear()
