@@ -83,8 +83,13 @@ class _Decoder(ctypes.Structure):
                 ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
 
 
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
+def blocked(weight: Tensor) -> Tensor:
+    """A linear's weight [out, in] in the layout `decoder.c`'s matmul reads: transposed, its
+    columns in contiguous [in, 64] blocks (then [in, 16] for a remainder), each streamed in order."""
+    wt = weight.detach().t()
+    whole = wt.shape[1] // 64 * 64
+    blocks = [wt[:, o : o + 64] for o in range(0, whole, 64)] + [wt[:, o : o + 16] for o in range(whole, wt.shape[1], 16)]
+    return torch.cat([b.contiguous().flatten() for b in blocks])
 
 
 class NativeDecoder:
@@ -97,7 +102,7 @@ class NativeDecoder:
         self.keep: list[Tensor] = []  # every tensor the C struct points to
 
         def t(w: Tensor) -> int:
-            self.keep.append(w.detach().t().contiguous())
+            self.keep.append(blocked(w))
             return self.keep[-1].data_ptr()
 
         def own(w: Tensor | None) -> int | None:

@@ -13,8 +13,10 @@
  * token's hidden state does not depend on what else is in the batch: verifying a draft gives the
  * plain step's numbers bit for bit.
  *
- * Weights are passed transposed ([in, out], output dimension contiguous) so that 16 outputs are
- * one vector and no horizontal sums are needed; output dimensions must be multiples of 16.
+ * Weights are passed transposed and blocked: the columns (outputs) ob .. ob + bw of the transposed
+ * [in, out] matrix are one contiguous [in, bw] block starting at ob * in, bw = 64 while 64 columns
+ * remain, then 16 (`native.py`'s `blocked`). 16 outputs are one vector, so no horizontal sums are
+ * needed, and a block streams from memory in order; output dimensions must be multiples of 16.
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,13 +29,13 @@ typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
 typedef struct {
     const float *in_norm;   /* [H], or NULL: no input norm (EAGLE's first layer) */
-    const float *qkv;       /* [H, (nq + 2 nkv) hd], transposed */
+    const float *qkv;       /* [H, (nq + 2 nkv) hd], transposed and blocked (above) */
     const float *qkv_bias;  /* [(nq + 2 nkv) hd] or NULL */
-    const float *o;         /* [nq hd, H] */
+    const float *o;         /* [nq hd, H], the same */
     const float *o_bias;    /* [H] or NULL */
     const float *post_norm; /* [H] */
-    const float *gate_up;   /* [H, 2 I]: gate columns, then up */
-    const float *down;      /* [I, H] */
+    const float *gate_up;   /* [H, 2 I], the same: gate columns, then up */
+    const float *down;      /* [I, H], the same */
 } Layer;
 
 typedef struct {
@@ -53,25 +55,37 @@ static inline float hsum16(v16 v) {
 static inline v16 ld(const float *p) { return *(const v16 *)p; }
 static inline void st(float *p, v16 v) { *(v16 *)p = v; }
 
-/* out[r, ob .. ob + 16 NC) = bias + x[r] @ wt[:, ob ..], for RB rows at once: each weight vector is
- * loaded once per RB rows, and each row's sums run over h in the same order for any RB. */
+/* Keeps a loaded weight vector in a register: for 3 or 4 rows GCC otherwise folds the load into
+ * every row's FMA, which ran those matmuls at half the speed of 5 or 6 rows. */
+#if defined(__x86_64__)
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define IN_REGISTER(v) (void)0
+#endif
+
+/* out[r, ob .. ob + 16 NC) = bias + x[r] @ (the block at ob), for RB rows at once: each weight
+ * vector is loaded once per RB rows, and each row's sums run over h in the same order for any RB. */
 #define MM_KERNEL(RB, NC)                                                                        \
     static void mm_##RB##_##NC(const float *x, int64_t N, const float *wt, int64_t M, int64_t ob, \
                                const float *bias, float *out) {                                 \
         v16 acc[RB][NC];                                                                         \
-        for (int r = 0; r < RB; r++)                                                             \
-            for (int c = 0; c < NC; c++) acc[r][c] = bias ? ld(bias + ob + 16 * c) : (v16){0};   \
-        for (int64_t h = 0; h < N; h++) {                                                        \
-            const float *w = wt + h * M + ob;                                                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                                     \
+            acc[r][c] = bias ? ld(bias + ob + 16 * c) : (v16){0};                                \
+        _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
+            const float *w = wt + ob * N + h * 16 * NC;                                          \
             v16 wv[NC];                                                                          \
-            for (int c = 0; c < NC; c++) wv[c] = ld(w + 16 * c);                                 \
-            for (int r = 0; r < RB; r++) {                                                       \
-                float xv = x[r * N + h];                                                         \
-                for (int c = 0; c < NC; c++) acc[r][c] += xv * wv[c];                            \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
+                wv[c] = ld(w + 16 * c);                                                          \
+                IN_REGISTER(wv[c]);                                                              \
+            }                                                                                    \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
+                v16 xv = (v16){0} + x[r * N + h];                                                \
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] += xv * wv[c];    \
             }                                                                                    \
         }                                                                                        \
-        for (int r = 0; r < RB; r++)                                                             \
-            for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]);               \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]); \
     }
 /* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers */
 MM_KERNEL(1, 4)
@@ -92,7 +106,7 @@ typedef void (*mm_fn)(const float *, int64_t, const float *, int64_t, int64_t, c
 static const mm_fn MM4[ROWS + 1] = {0, mm_1_4, mm_2_4, mm_3_4, mm_4_4, mm_5_4, mm_6_4};
 static const mm_fn MM1[ROWS + 1] = {0, mm_1_1, mm_2_1, mm_3_1, mm_4_1, mm_5_1, mm_6_1};
 
-/* out [R, M] = x [R, N] @ wt [N, M] + bias */
+/* out [R, M] = x [R, N] @ wt [N, M] (blocked, above) + bias */
 static void matmul(const float *x, int64_t R, int64_t N, const float *wt, const float *bias, int64_t M, float *out) {
     int64_t ob = 0;
     for (; ob + 64 <= M; ob += 64)
