@@ -11,6 +11,7 @@ from specdec.core.models import native
 from specdec.core.models.checkpoint import load_model
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.heads import EagleHead
+from specdec.core.models.linear import InferenceLinear
 from specdec.core.models.llama import run_decoder
 
 PREFIX = [5, 3]  # two sequences' committed lengths (different: per-row starts and masks)
@@ -99,6 +100,25 @@ def test_the_eagle_heads_layers_run_natively_without_an_input_norm(tiny_target):
             runs.append(run_decoder(head.layers, head.rope, x, torch.arange(3).expand(2, -1), cache, [0, 1], [0, 0],
                                     native=nat))
     assert torch.allclose(*runs, atol=1e-5)
+
+
+def test_a_linear_sends_few_rows_to_the_native_matmul_and_many_to_onednn(monkeypatch):
+    """Same numbers either way (float rounding apart); outputs not a multiple of 16 stay off it."""
+    calls = []
+    matmul = native.matmul
+    monkeypatch.setattr(native, "matmul", lambda *a: calls.append(1) or matmul(*a))
+    torch.manual_seed(0)
+    for out_features, want in ((1040, [1, 1, 0]), (1000, [0, 0, 0])):
+        model = torch.nn.Linear(256, out_features)
+        layer = InferenceLinear(model.weight, model.bias)
+        got = []
+        for rows in (1, native.NATIVE_MAX_ROWS, native.NATIVE_MAX_ROWS + 1):
+            x = torch.randn(rows, 256)
+            before = len(calls)
+            with torch.no_grad():
+                assert torch.allclose(layer(x), model(x), atol=1e-4)
+            got.append(len(calls) - before)
+        assert got == want, out_features
 
 
 def test_prefill_float64_and_odd_shapes_stay_eager(tiny_target, tiny_draft):

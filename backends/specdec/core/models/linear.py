@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdec.core.models import native
+
 
 # Below this size a weight's repacking costs less than oneDNN's fixed cost per call: measured on the
 # kit's shapes at 2-5 rows, a 256x256 fp32 weight (256 KiB) was 20-80% slower packed, 512x256
@@ -48,18 +50,22 @@ def one_row_packed(model: nn.Module) -> bool:
 
 
 class InferenceLinear:
-    """`x @ weight.T + bias`: more than one row goes to a copy of the weight packed once for
-    oneDNN's GEMM (when the CPU can take it: that copy is the only extra memory); a single row
-    too if `pack_one_row` (a large model: `one_row_packed()`), else to `F.linear`'s
+    """`x @ weight.T + bias`. Up to `native.NATIVE_MAX_ROWS` rows go to the native matmul on a
+    blocked copy of the weight, where it builds (`native.blocked`); more rows go to a copy packed
+    once for oneDNN's GEMM (when the CPU can take it); without the native kernel a single row goes
+    there too if `pack_one_row` (a large model: `one_row_packed()`), else to `F.linear`'s
     matrix-vector kernel on `weight` itself."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, pack_one_row: bool = False) -> None:
-        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-        self.in_features = weight.shape[1]
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach().contiguous()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if packable(weight) else None
+        self.blocked = native.blocked(self.weight)
         self.one_row_plain = not pack_one_row  # single rows take F.linear
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.blocked is not None and x.dtype == torch.float32 and x.numel() <= native.NATIVE_MAX_ROWS * self.in_features:
+            return native.matmul(x, self.blocked, self.bias, self.out_features)
         if self.packed is None or (self.one_row_plain and x.numel() == self.in_features):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

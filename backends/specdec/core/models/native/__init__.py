@@ -69,6 +69,8 @@ def library() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.specdec_decoder_forward.restype = ctypes.c_int
     lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, i64, p, i64]
+    lib.specdec_matmul.restype = ctypes.c_int
+    lib.specdec_matmul.argtypes = [p, i64, i64, p, p, i64, p]
     return lib
 
 
@@ -83,13 +85,27 @@ class _Decoder(ctypes.Structure):
                 ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
 
 
-def blocked(weight: Tensor) -> Tensor:
+def blocked(weight: Tensor) -> Tensor | None:
     """A linear's weight [out, in] in the layout `decoder.c`'s matmul reads: transposed, its
-    columns in contiguous [in, 64] blocks (then [in, 16] for a remainder), each streamed in order."""
+    columns in contiguous [in, 64] blocks (then [in, 16] for a remainder), each streamed in order.
+    None where the native matmul cannot take it (no library, not float32 on CPU, out % 16)."""
+    if library() is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[0] % 16:
+        return None
     wt = weight.detach().t()
     whole = wt.shape[1] // 64 * 64
     blocks = [wt[:, o : o + 64] for o in range(0, whole, 64)] + [wt[:, o : o + 16] for o in range(whole, wt.shape[1], 16)]
     return torch.cat([b.contiguous().flatten() for b in blocks])
+
+
+def matmul(x: Tensor, blocked_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """x [..., in] @ weight.T + bias through the native kernel; x float32 on CPU, few rows."""
+    x = x.contiguous()
+    out = x.new_empty(*x.shape[:-1], out_features)
+    rc = library().specdec_matmul(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], blocked_weight.data_ptr(),
+                                  None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"native matmul failed with code {rc}")
+    return out
 
 
 class NativeDecoder:
@@ -101,9 +117,8 @@ class NativeDecoder:
         self.lib = lib
         self.keep: list[Tensor] = []  # every tensor the C struct points to
 
-        def t(w: Tensor) -> int:
-            self.keep.append(blocked(w))
-            return self.keep[-1].data_ptr()
+        def t(linear) -> int:
+            return linear.blocked.data_ptr()
 
         def own(w: Tensor | None) -> int | None:
             if w is None:
@@ -116,8 +131,8 @@ class NativeDecoder:
             a, m, first = layer.self_attn, layer.mlp, layer.input_layernorm
             structs.append(_Layer(
                 in_norm=own(getattr(first, "weight", None)),  # EAGLE's first layer has none (nn.Identity)
-                qkv=t(a.qkv.weight), qkv_bias=own(a.qkv.bias), o=t(a.out.weight), o_bias=own(a.out.bias),
-                post_norm=own(layer.post_attention_layernorm.weight), gate_up=t(m.gate_up.weight), down=t(m.down.weight)))
+                qkv=t(a.qkv), qkv_bias=own(a.qkv.bias), o=t(a.out), o_bias=own(a.out.bias),
+                post_norm=own(layer.post_attention_layernorm.weight), gate_up=t(m.gate_up), down=t(m.down)))
         self.layer_array = (_Layer * len(structs))(*structs)
         a = layers[0].self_attn
         self.decoder = _Decoder(len(structs), a.qkv.in_features, a.n_heads, a.n_kv, a.head_dim,
@@ -130,13 +145,12 @@ class NativeDecoder:
         """The native decoder for these layers (then `norm`, an RMSNorm with the layers' eps), or
         None where they must stay eager (no library, not float32 on CPU, a shape the kernel does
         not take)."""
-        lib = library()
-        p = layers[0].self_attn.qkv.weight
         a, m = layers[0].self_attn, layers[0].mlp
+        linears = [x for layer in layers for x in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down)]
         dims = (a.qkv.in_features, a.head_dim, m.down.in_features, a.n_heads * a.head_dim)
-        if lib is None or p.device.type != "cpu" or p.dtype != torch.float32 or any(n % 16 for n in dims) or a.head_dim > 512:
+        if any(x.blocked is None for x in linears) or any(n % 16 for n in dims) or a.head_dim > 512:
             return None
-        return NativeDecoder(layers, norm, lib)
+        return NativeDecoder(layers, norm, library())
 
     def __call__(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,
                  slots: list[int], starts: list[int], tree_mask: Tensor | None, lengths: list[int] | None,

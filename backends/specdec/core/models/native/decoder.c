@@ -121,6 +121,14 @@ static void matmul(const float *x, int64_t R, int64_t N, const float *wt, const 
         }
 }
 
+/* The same matmul for a projection outside the decoder layers (output heads, EAGLE's fc,
+ * Medusa's heads): `linear.InferenceLinear` sends up to NATIVE_MAX_ROWS rows here. */
+int specdec_matmul(const float *x, int64_t R, int64_t N, const float *wt, const float *bias, int64_t M, float *out) {
+    if (M % 16) return -1;
+    matmul(x, R, N, wt, bias, M, out);
+    return 0;
+}
+
 typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* per lane: mask (a comparison's all-ones or zero) ? a : b */
