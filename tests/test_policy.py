@@ -265,3 +265,22 @@ def test_a_busy_spell_at_the_chosen_token_count_does_not_switch_speculation_off(
                              step_seconds=3 * 1.4, tokens=k + 1))
     assert p.cost.load == pytest.approx(3.0, rel=0.05)
     assert p.choose([s]) == [4]
+
+
+def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain_ones():
+    """A calibration that puts 5 tokens at 1.1x one token, and real steps that show 2x, alternating
+    as a paused-and-probing policy runs them: once each count has SHAPE_SAMPLES fresh steps the
+    curve says 2x, whatever the load did (here it swings 1-3x); stale steps are not evidence."""
+    c = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2])
+    for i in range(policy.SHAPE_SAMPLES):
+        load = 1 + 2 * (i % 2)
+        for n, seconds in ((1, 1.0), (5, 2.0)):
+            c.observe_verify(n, seconds * load, plain=1)
+            c.observe_shape(n, seconds * load, plain=1)
+    # the medians: 1.0 x load and 2.0 x load over the same loads
+    assert abs(c.verify_at_calibration(5) / c.verify_at_calibration(1) - 2.0) < 1e-9
+    assert c.verify_at_calibration(1) == 1.0  # the plain count is the anchor: contrasts never move it
+    stale = CostModel([1, 8], [1.0, 1.1])
+    for n in [1] * policy.SHAPE_SAMPLES + [9] * policy.SHAPE_FRESH + [8] * policy.SHAPE_SAMPLES:
+        stale.observe_shape(n, 3.0 if n == 8 else 1.0, plain=1)
+    assert stale.verify_at_calibration(8) == 1.1  # the plain steps are too old to compare with

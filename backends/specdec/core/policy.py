@@ -9,7 +9,9 @@ The engine hands the policy one StepRecord per decode step. The step's cost is t
 without its proposal for the batch's total tokens (the target forward, calibrated at start-up over
 token counts, then corrected by every real step's timing, which also brings in what a forward-only
 calibration misses: inputs, verification, compaction, output; one preempted calibration timing on
-a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started) plus the
+a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started; where
+a count and the plain count, one token per row, both have recent steps, the count's point is set
+from the ratio of their medians) plus the
 proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
 per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
 whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
@@ -45,6 +47,8 @@ DECAY = 0.95  # per round, on a sequence's counts (also in rounds without a draf
 ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samples
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
+SHAPE_SAMPLES = 5  # recent steps per token count whose median sets that count's point ...
+SHAPE_FRESH = 256  # ... against the plain count's median, when both are this many steps recent
 LOAD_RATE = 0.2  # how far one measured step moves the machine's load factor
 PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one candidate k deeper
 # than the policy's pick: it measures the acceptance of sequences that stopped, and the verify and
@@ -96,6 +100,9 @@ class CostModel:
     # verify_at_calibration by token count, kept until the curve's points move: the policy looks
     # up a few dozen counts every step, and the curve moves only after a step at a new count
     curve: dict[int, float] = field(default_factory=dict, repr=False)
+    # token count -> recent (step number, seconds) of real steps at it
+    recent: dict[int, deque] = field(default_factory=dict, repr=False)
+    steps: int = 0
 
     def draft(self, depth: int) -> float:
         return self.load * self.draft_at_calibration(depth)
@@ -127,7 +134,7 @@ class CostModel:
             self.draft_fixed *= scale
             self.draft_per_level *= scale
 
-    def observe_verify(self, n: int, seconds: float) -> None:
+    def observe_verify(self, n: int, seconds: float, plain: int = 0) -> None:
         """Move the load towards a measured step; after a step at another count, also move the
         curve's points around n towards what the load does not explain (ratios clipped to 0.5-2x).
         Steps at one count cannot tell a busy machine from a wrong curve: they move the load only."""
@@ -137,12 +144,38 @@ class CostModel:
         else:
             points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
         self.load *= 1 + LOAD_RATE * (min(max(seconds / self.verify(n), 0.5), 2.0) - 1)
-        if self.last_n and n != self.last_n:  # a contrast: only a step at another count than the last tells shape from load
+        # a contrast: only a step at another count than the last tells shape from load; the plain
+        # count (one token per row) is the anchor `observe_shape` measures the others against
+        if self.last_n and n != self.last_n and n != plain:
             ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
             for j in points:
                 self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
             self.curve.clear()
         self.last_n = n
+
+    def observe_shape(self, n: int, seconds: float, plain: int) -> None:
+        """Set the curve's point at n from real steps: the median of the recent steps at n over
+        the median of the recent plain steps (`plain` tokens: one per row), times the plain
+        point. Contrasts alone (above) move the shape 10% at a time against a load that tracks
+        whichever count runs, and with switches as rare as probes it did not converge: EAGLE's
+        curve said a 5-token step cost 1.49x a plain one where its steps showed 2.09x."""
+        self.steps += 1
+        self.recent.setdefault(n, deque(maxlen=SHAPE_SAMPLES)).append((self.steps, seconds))
+        if n == plain or plain not in self.recent:
+            return
+        fresh = self.steps - SHAPE_FRESH
+        at_n, at_plain = self.recent[n], self.recent[plain]
+        if len(at_n) < SHAPE_SAMPLES or len(at_plain) < SHAPE_SAMPLES or min(at_n[0][0], at_plain[0][0]) < fresh:
+            return
+        ratio = statistics.median(t for _, t in at_n) / statistics.median(t for _, t in at_plain)
+        base = self.verify_at_calibration(plain)
+        i = bisect_left(self.token_counts, n)
+        if i < len(self.token_counts) and self.token_counts[i] == n:
+            self.seconds[i] = base * ratio
+        else:
+            self.token_counts.insert(i, n)
+            self.seconds.insert(i, base * ratio)
+        self.curve.clear()
 
     def verify(self, n: int) -> float:
         return self.load * self.verify_at_calibration(n)
@@ -309,7 +342,8 @@ class Policy:
         for s, n in drafted:
             self.slots[s.slot].proposed_at = n
         if self.cost is not None and step.tokens:
-            self.cost.observe_verify(step.tokens, step.step_seconds)
+            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
+            self.cost.observe_shape(step.tokens, step.step_seconds, len(step.seqs))
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             if s.slot in self.slots:  # not finished in this step
                 self.observe_round(self.slots[s.slot], depth, accepted)
