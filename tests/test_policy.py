@@ -276,7 +276,6 @@ def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain
         load = 1 + 2 * (i % 2)
         for n, seconds in ((1, 1.0), (5, 2.0)):
             c.observe_verify(n, seconds * load, plain=1)
-            c.observe_shape(n, seconds * load, plain=1)
     # the medians: 1.0 x load and 2.0 x load over the same loads
     assert abs(c.verify_at_calibration(5) / c.verify_at_calibration(1) - 2.0) < 1e-9
     assert c.verify_at_calibration(1) == 1.0  # the plain count is the anchor: contrasts never move it

@@ -135,7 +135,8 @@ class CostModel:
             self.draft_per_level *= scale
 
     def observe_verify(self, n: int, seconds: float, plain: int = 0) -> None:
-        """Move the load towards a measured step; after a step at another count, also move the
+        """Move the load towards a measured step (and the curve's shape, `observe_shape`: `plain`
+        tokens is a step of one token per row; 0: unknown); after a step at another count, also move the
         curve's points around n towards what the load does not explain (ratios clipped to 0.5-2x).
         Steps at one count cannot tell a busy machine from a wrong curve: they move the load only."""
         i = bisect_left(self.token_counts, n)
@@ -152,6 +153,7 @@ class CostModel:
                 self.seconds[j] *= 1 + VERIFY_RATE * (ratio - 1)
             self.curve.clear()
         self.last_n = n
+        self.observe_shape(n, seconds, plain)
 
     def observe_shape(self, n: int, seconds: float, plain: int) -> None:
         """Set the curve's point at n from real steps: the median of the recent steps at n over
@@ -343,7 +345,6 @@ class Policy:
             self.slots[s.slot].proposed_at = n
         if self.cost is not None and step.tokens:
             self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
-            self.cost.observe_shape(step.tokens, step.step_seconds, len(step.seqs))
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             if s.slot in self.slots:  # not finished in this step
                 self.observe_round(self.slots[s.slot], depth, accepted)

@@ -110,8 +110,8 @@ def matmul(x: Tensor, blocked_weight: Tensor, bias: Tensor | None, out_features:
 
 class NativeDecoder:
     """A model's decoder layers (after `llama.prepare_inference`) and its final norm, if any, as
-    one native call. Holds a transposed float32 copy of each projection (output dimension
-    contiguous, what the C kernel vectorizes over) and a contiguous copy of norms and biases."""
+    one native call. Reads each projection's `InferenceLinear.blocked` weight (the C kernel's
+    layout) and holds a contiguous copy of norms and biases."""
 
     def __init__(self, layers: nn.ModuleList, norm: nn.Module | None, lib: ctypes.CDLL) -> None:
         self.lib = lib
@@ -158,7 +158,7 @@ class NativeDecoder:
         """The layers over x [B, T, H] (a new tensor is returned); arguments as `llama.run_decoder`'s,
         cos / sin the rotary table's rows [n, 1, head_dim] for every position, k / v the cache."""
         B, T, _ = x.shape
-        x = x.contiguous().clone()
+        x = x.clone(memory_format=torch.contiguous_format)  # the call writes its result in place
         positions = positions.to(torch.int64).contiguous()
         i64 = ctypes.c_int64 * B
         W = T if tree_mask is None else tree_mask.shape[-1]

@@ -5,7 +5,7 @@
  * a 2.5 ms step); llama.cpp runs the same weights in 0.4 ms. This file is the step's layers as one
  * call: matrix products that read each weight once for all rows, fused norm / rotary / attention /
  * SiLU, and no allocation of tensors. It covers what decode and verification need (B sequences x
- * T new tokens against their KV-cache slots, causal or under a tree mask); `native.py` decides when
+ * T new tokens against their KV-cache slots, causal or under a tree mask); `native/__init__.py` decides when
  * it runs and falls back to the eager layers otherwise. Semantics are those of `llama.py`'s
  * `run_decoder` and `BatchContext` (see there); results equal the eager ones up to float rounding.
  *
@@ -15,7 +15,7 @@
  *
  * Weights are passed transposed and blocked: the columns (outputs) ob .. ob + bw of the transposed
  * [in, out] matrix are one contiguous [in, bw] block starting at ob * in, bw = 64 while 64 columns
- * remain, then 16 (`native.py`'s `blocked`). 16 outputs are one vector, so no horizontal sums are
+ * remain, then 16 (`native/__init__.py`'s `blocked`). 16 outputs are one vector, so no horizontal sums are
  * needed, and a block streams from memory in order; output dimensions must be multiples of 16.
  */
 #include <math.h>
@@ -169,7 +169,7 @@ static void rope(float *x, const float *cos, const float *sin, int64_t hd) {
     memcpy(x, tmp, hd * sizeof(float));
 }
 
-/* Returns 0, or a negative code for input it cannot run (native.py never passes such). */
+/* Returns 0, or a negative code for input it cannot run (native/__init__.py never passes such). */
 int specdec_decoder_forward(
     const Decoder *d, float *x, int64_t B, int64_t T,
     const int64_t *positions,            /* [B, T] */
