@@ -8,8 +8,8 @@ import itertools
 import pytest
 
 from specdec.core import policy
-from specdec.core.policy import (COLLAPSE_ALPHA, MAX_PROBE_GAP, PROBE_BUDGET, PROBE_EVERY, CostModel, Policy, SlotState, StepRecord,
-                                 expected_tokens)
+from specdec.core.policy import (COLLAPSE_ALPHA, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PROBE_BUDGET, PROBE_EVERY,
+                                 CostModel, Policy, SlotState, StepRecord, expected_tokens)
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
 
@@ -231,6 +231,45 @@ def test_a_probe_that_costs_more_than_its_budget_narrows_the_next_to_one_sequenc
     assert probe_step(p, batch, expensive / 8) == [0, 0, 0, 1, 0, 0, 0, 0]
     # and is judged as if it had drafted every row: 8 x expensive / 8 over twice the steps, within
     assert probe_step(p, batch, 0.0) == [1] * 8
+
+
+def test_a_probe_over_budget_at_batch_1_spaces_the_next_as_far_as_the_budget_needs():
+    """At batch 1 a probe cannot be narrowed: one that cost more than its budget (EAGLE catching up
+    on a whole prompt and output) moves the next probe out, past MAX_PROBE_GAP, to where its cost
+    spread over the steps fits PROBE_BUDGET, at once and up to LONGEST_PROBE_GAP; when speculation
+    pays again, probes return to their pace and the next pause is measured afresh."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(p, 1, 0.6)
+    probe_step(p, batch, 0.0)
+    first = p.steps
+    probe_step(p, batch, 300 * PROBE_BUDGET * p.cost.verify(1))  # fits the budget over 300 steps
+    assert p.probe_gap == 300 and p.next_probe == p.steps + 300
+    probe_step(p, batch, 0.0)
+    assert p.steps == first + 2 * PROBE_EVERY + 300
+    probe_step(p, batch, 5000 * PROBE_BUDGET * p.cost.verify(1))
+    assert p.probe_gap == LONGEST_PROBE_GAP
+    p.cost = memory_bound()
+    assert min(p.choose(batch)) > 0 and p.probe_gap == PROBE_EVERY and p.affordable_gap == 0
+
+
+def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_batch_changes(monkeypatch):
+    """Between probes a paused batch's inputs only drift, so the search (`best`) runs every
+    PAUSED_RECHECK steps, at once for a changed batch, and speculation resumes within those steps
+    of starting to pay."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(p, 2, 0.6)
+    searches = []
+    best = p.best
+    monkeypatch.setattr(p, "best", lambda *a: searches.append(p.steps) or best(*a))
+    for _ in range(PROBE_EVERY - 1):
+        assert p.choose(batch) == [0, 0]
+    assert searches == list(range(1, PROBE_EVERY, PAUSED_RECHECK))
+    assert p.choose(batch[:1]) == [1] and searches[-1] == p.steps  # a new batch (a probe step: one deeper)
+    p.cost = memory_bound()
+    resumed = next(n for n in range(1, PAUSED_RECHECK + 2) if min(p.choose(batch)) > 0)
+    assert resumed <= PAUSED_RECHECK
 
 
 def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_verify_tokens():

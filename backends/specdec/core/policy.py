@@ -37,6 +37,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from math import ceil
 from typing import Callable
 
 from specdec.core.sequence import Sequence
@@ -61,6 +62,14 @@ MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe 
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
 # every 16 steps cost 0.90x of the baseline where speculation never pays.
+LONGEST_PROBE_GAP = 1024  # ... and past that, up to this, as far as a probe drafting one sequence
+# needs to stay within PROBE_BUDGET: at batch 1 a probe cannot be narrowed, and EAGLE's first
+# proposal after a pause catches its head up on the whole prompt and output so far (6-14 ms over
+# 100-200 pairs, eager, against a 0.45-0.6 ms step): every 128 steps that was 13% of the run.
+PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches again every this
+# many steps, or when the batch changes, or after a probe: in between only the sequences'
+# acceptances move (drifting towards the engine-wide one at DECAY per round), and the search
+# every step was 5% of a 0.45 ms step at batch 1.
 PROBE_BUDGET = 0.03  # a probe while speculation is off catches the probed rows' drafter up on
 # everything since the last probe, so its cost grows with the gap and backing off does not shrink
 # it per step. When the last such probe, scaled to every row and spread over the steps it covered,
@@ -253,6 +262,8 @@ class Policy:
         self.probe_gap = self.next_probe = PROBE_EVERY
         self.probing_off = 0  # steps covered by the probe now running while speculation is off (0: none)
         self.narrow_probes = False  # the last such probe cost more than PROBE_BUDGET: probe one sequence
+        self.recheck_at, self.paused_batch = 0, []  # while speculation is off: when to search again, for which slots
+        self.affordable_gap = 0.0  # steps over which a one-sequence probe, as the last one cost, fits PROBE_BUDGET
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
@@ -272,12 +283,18 @@ class Policy:
         # a seeded sampled request draws its random numbers per draft position, so its output
         # depends on its k schedule: it keeps its cap, and reproduces whatever the load
         pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
-        k, drafting = self.best(caps, alphas, pinned)
+        batch = [s.slot for s in seqs]
+        if self.steps < self.recheck_at and batch == self.paused_batch:
+            k, drafting = 0, set()
+        else:
+            k, drafting = self.best(caps, alphas, pinned)
+            self.recheck_at, self.paused_batch = (0, []) if drafting else (self.steps + PAUSED_RECHECK, batch)
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
+            self.affordable_gap = 0.0  # the drafter is kept in sync again: its next pause is measured afresh
         if self.steps >= self.next_probe:  # one candidate deeper
             self.probing_off = 0 if drafting else self.probe_gap
-            self.probe_gap = PROBE_EVERY if drafting else min(2 * self.probe_gap, MAX_PROBE_GAP)
+            self.probe_gap = PROBE_EVERY if drafting else max(min(2 * self.probe_gap, MAX_PROBE_GAP), self.budget_gap())
             self.next_probe = self.steps + self.probe_gap
             probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
             free = [i for i, p in enumerate(pinned) if not p]
@@ -285,6 +302,11 @@ class Policy:
             probing = {max(free, key=lambda i: alphas[i])} if narrow else set(free)
             return [c if p else min(probe, c) if i in probing else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
         return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
+
+    def budget_gap(self) -> int:
+        """The fewest steps between probes while speculation is off over which the last probe's
+        cost, for one sequence, stays within PROBE_BUDGET (at most LONGEST_PROBE_GAP)."""
+        return min(ceil(self.affordable_gap), LONGEST_PROBE_GAP)
 
     def best(self, caps: list[int], alphas: list[float], pinned: list[bool]) -> tuple[int, set[int]]:
         """The k, and the sequences that draft at it, that commit the most tokens per second.
@@ -337,9 +359,15 @@ class Policy:
         if self.probing_off and self.cost is not None and drafted:  # a probe while speculation was off
             # what probing every row would have cost (a narrow probe drafted one), spread over the
             # steps since the last probe: while speculation stays off, all of it is overhead
+            budget = PROBE_BUDGET * self.cost.verify(len(step.seqs))  # per step covered
             probe = step.propose_seconds * len(step.seqs) / len(drafted)
-            self.narrow_probes = probe / self.probing_off > PROBE_BUDGET * self.cost.verify(len(step.seqs))
+            self.narrow_probes = probe / self.probing_off > budget
+            self.affordable_gap = step.propose_seconds / len(drafted) / budget
+            self.probe_gap = max(self.probe_gap, self.budget_gap())  # from this probe on, not the next
+            self.next_probe = self.steps + self.probe_gap
         self.probing_off = 0
+        if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
+            self.recheck_at = 0
         self.observe_draft_time(step.propose_seconds, step.depth, caught_up)
         for s, n in drafted:
             self.slots[s.slot].proposed_at = n
