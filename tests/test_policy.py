@@ -187,6 +187,20 @@ def test_probes_go_one_candidate_deeper_than_the_pick():
     assert p.choose(batch) == [1] * 8  # not 61 nodes each: a probe must stay cheap at high load
 
 
+def test_while_the_batch_drafts_every_other_probe_runs_it_plain():
+    """An anchor: the curve's points are set against plain steps, which a batch drafting at every
+    step would otherwise never measure; the probes in between still go one candidate deeper."""
+    p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.05, draft_per_level=0.3)
+    batch = seqs(p, 2, 0.6)
+    picks = [p.choose(batch) for _ in range(4 * PROBE_EVERY)]
+    pick = picks[0]
+    assert 0 < pick[0] < 8 and pick[0] == pick[1]
+    deeper = p.candidates[p.candidates.index(pick[0]) + 1]
+    probes = {step: ks for step, ks in enumerate(picks, 1) if ks != pick}
+    assert probes == {PROBE_EVERY: [deeper] * 2, 2 * PROBE_EVERY: [0, 0], 3 * PROBE_EVERY: [deeper] * 2, 4 * PROBE_EVERY: [0, 0]}
+
+
 def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
     """A batch where speculation never pays probes ever more rarely (each probe of a paused model
     drafter catches up on every pair since the last one); once it pays, probes resume every

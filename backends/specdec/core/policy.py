@@ -57,7 +57,10 @@ PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one ca
 # acceptance under-estimated once can be corrected). Not scaled by the batch: at 16 x 8 steps a
 # batch of 8 that switched off after its first unlucky rounds never probed within 128 tokens and
 # stayed off where drafting would have paid 1.28x (draft model, demo kit); a probe one candidate
-# deeper costs a few percent of one step in sixteen.
+# deeper costs a few percent of one step in sixteen. While the batch drafts, every other probe runs
+# it plain instead, an anchor: the curve's points are set against plain steps (`observe_shape`),
+# and a batch drafting at every step never measured one; at batch 8 the draft model's curve put
+# 8 x 2 tokens at 1.17x a plain step where they ran 1.47x, and it drafted at a loss (0.87x).
 MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe that finds it
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
@@ -260,6 +263,7 @@ class Policy:
         self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
         self.steps = 0
         self.probe_gap = self.next_probe = PROBE_EVERY
+        self.probes = 0
         self.probing_off = 0  # steps covered by the probe now running while speculation is off (0: none)
         self.narrow_probes = False  # the last such probe cost more than PROBE_BUDGET: probe one sequence
         self.recheck_at, self.paused_batch = 0, []  # while speculation is off: when to search again, for which slots
@@ -296,6 +300,9 @@ class Policy:
             self.probing_off = 0 if drafting else self.probe_gap
             self.probe_gap = PROBE_EVERY if drafting else max(min(2 * self.probe_gap, MAX_PROBE_GAP), self.budget_gap())
             self.next_probe = self.steps + self.probe_gap
+            self.probes += 1
+            if drafting and self.probes % 2 == 0:  # an anchor
+                return [c if p else 0 for c, p in zip(caps, pinned)]
             probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
             free = [i for i, p in enumerate(pinned) if not p]
             narrow = not drafting and self.narrow_probes and free
