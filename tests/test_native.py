@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from specdec.core.models import native
-from specdec.core.models.checkpoint import load_model
+from specdec.core.models.checkpoint import load_model, load_weights
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.linear import InferenceLinear
@@ -83,6 +85,35 @@ def test_a_tokens_numbers_do_not_depend_on_what_else_the_forward_runs(tiny_targe
         batch = model(torch.tensor([[7], [9]]), torch.tensor([[PREFIX[0]], [PREFIX[1]]]), cache, [0, 1], PREFIX)
     assert torch.equal(alone[0, 0], chain[0, 0])
     assert torch.equal(alone[0, 0], batch[0, 0])
+
+
+def test_weights_that_are_all_float16_values_are_kept_as_float16_with_the_same_numbers(tiny_target, tmp_path, monkeypatch):
+    """A checkpoint saved in half precision (the demo kit's) keeps its blocked weights as float16,
+    half the bytes a one-row step streams: the kernel widens them exactly, so hidden states and
+    logits equal the float32-stored ones bit for bit. A float32 checkpoint's stay float32."""
+    half = tmp_path / "half"
+    shutil.copytree(tiny_target, half)
+    weights = load_weights(half)
+    for f in half.glob("*.safetensors"):
+        f.unlink()
+    save_file({k: v.half().contiguous() for k, v in weights.items()}, str(half / "model.safetensors"))
+    assert load_model(tiny_target).model.layers[0].self_attn.qkv.blocked.dtype == torch.float32
+    models = {"float16": load_model(half)}
+    wide = native.blocked
+    monkeypatch.setattr(native, "blocked", lambda w: None if (b := wide(w)) is None else b.float())
+    models["float32"] = load_model(half)
+    for name, model in models.items():
+        assert model.native is not None
+        assert {x.blocked.dtype for x in (model.model.layers[0].mlp.down, model.model.layers[1].self_attn.qkv)} == {getattr(torch, name)}
+    out = {}
+    for name, model in models.items():
+        with torch.no_grad():
+            cache = prefilled(model, [0, 1])
+            hidden = model(torch.tensor([[7, 11, 13, 17], [19, 23, 29, 31]]),
+                           torch.tensor(PREFIX)[:, None] + torch.arange(4), cache, [0, 1], PREFIX)
+            out[name] = (hidden, model.logits(hidden), cache.k.clone())
+    for a, b in zip(out["float16"], out["float32"]):
+        assert torch.equal(a, b)
 
 
 def test_the_eagle_heads_layers_run_natively_without_an_input_norm(tiny_target):

@@ -69,8 +69,9 @@ def library() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.specdec_decoder_forward.restype = ctypes.c_int
     lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, i64, p, i64]
-    lib.specdec_matmul.restype = ctypes.c_int
-    lib.specdec_matmul.argtypes = [p, i64, i64, p, p, i64, p]
+    for matmul in (lib.specdec_matmul, lib.specdec_matmul_f16):
+        matmul.restype = ctypes.c_int
+        matmul.argtypes = [p, i64, i64, p, p, i64, p]
     return lib
 
 
@@ -82,27 +83,33 @@ class _Layer(ctypes.Structure):
 class _Decoder(ctypes.Structure):
     _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("n_heads", ctypes.c_int32),
                 ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("inter", ctypes.c_int32),
-                ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
+                ("f16", ctypes.c_int32), ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
 
 
 def blocked(weight: Tensor) -> Tensor | None:
     """A linear's weight [out, in] in the layout `decoder.c`'s matmul reads: transposed, its
     columns in contiguous [in, 64] blocks (then [in, 16] for a remainder), each streamed in order.
+    Stored as float16 where every value is one (a checkpoint saved in half precision, as the demo
+    kit's): the kernel widens them exactly, so results are the float32 ones bit for bit, and a
+    one-row step, which streams every weight from memory, reads half the bytes (`docs/engine.md`).
     None where the native matmul cannot take it (no library, not float32 on CPU, out % 16)."""
     if library() is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[0] % 16:
         return None
     wt = weight.detach().t()
     whole = wt.shape[1] // 64 * 64
     blocks = [wt[:, o : o + 64] for o in range(0, whole, 64)] + [wt[:, o : o + 16] for o in range(whole, wt.shape[1], 16)]
-    return torch.cat([b.contiguous().flatten() for b in blocks])
+    flat = torch.cat([b.contiguous().flatten() for b in blocks])
+    half = flat.to(torch.float16)
+    return half if torch.equal(half.to(torch.float32), flat) else flat
 
 
 def matmul(x: Tensor, blocked_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """x [..., in] @ weight.T + bias through the native kernel; x float32 on CPU, few rows."""
     x = x.contiguous()
     out = x.new_empty(*x.shape[:-1], out_features)
-    rc = library().specdec_matmul(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], blocked_weight.data_ptr(),
-                                  None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
+    kernel = library().specdec_matmul_f16 if blocked_weight.dtype == torch.float16 else library().specdec_matmul
+    rc = kernel(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], blocked_weight.data_ptr(),
+                None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
     if rc != 0:
         raise RuntimeError(f"native matmul failed with code {rc}")
     return out
@@ -136,7 +143,8 @@ class NativeDecoder:
         self.layer_array = (_Layer * len(structs))(*structs)
         a = layers[0].self_attn
         self.decoder = _Decoder(len(structs), a.qkv.in_features, a.n_heads, a.n_kv, a.head_dim,
-                                layers[0].mlp.down.in_features, layers[0].post_attention_layernorm.eps,
+                                layers[0].mlp.down.in_features, a.qkv.blocked.dtype == torch.float16,
+                                layers[0].post_attention_layernorm.eps,
                                 self.layer_array, own(None if norm is None else norm.weight))
         self.decoder_ptr = ctypes.addressof(self.decoder)
 
@@ -150,6 +158,9 @@ class NativeDecoder:
         dims = (a.qkv.in_features, a.head_dim, m.down.in_features, a.n_heads * a.head_dim)
         if any(x.blocked is None for x in linears) or any(n % 16 for n in dims) or a.head_dim > 512:
             return None
+        if len({x.blocked.dtype for x in linears}) > 1:  # one kernel per call: all float32 then
+            for x in linears:
+                x.blocked = x.blocked.to(torch.float32)
         return NativeDecoder(layers, norm, library())
 
     def __call__(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,

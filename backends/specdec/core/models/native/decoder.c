@@ -17,7 +17,13 @@
  * [in, out] matrix are one contiguous [in, bw] block starting at ob * in, bw = 64 while 64 columns
  * remain, then 16 (`native/__init__.py`'s `blocked`). 16 outputs are one vector, so no horizontal sums are
  * needed, and a block streams from memory in order; output dimensions must be multiples of 16.
+ * A model's weights are float32, or float16 where every value is one (`Decoder.f16`, the
+ * `_f16` matmul): widened on load, the products and sums are the float32 ones bit for bit, and a
+ * one-row step, which streams every weight from memory, reads half the bytes.
  */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,20 +32,22 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
+typedef _Float16 h16 __attribute__((vector_size(32), aligned(2)));
 
 typedef struct {
     const float *in_norm;   /* [H], or NULL: no input norm (EAGLE's first layer) */
-    const float *qkv;       /* [H, (nq + 2 nkv) hd], transposed and blocked (above) */
+    const void *qkv;        /* [H, (nq + 2 nkv) hd], transposed and blocked (above) */
     const float *qkv_bias;  /* [(nq + 2 nkv) hd] or NULL */
-    const float *o;         /* [nq hd, H], the same */
+    const void *o;          /* [nq hd, H], the same */
     const float *o_bias;    /* [H] or NULL */
     const float *post_norm; /* [H] */
-    const float *gate_up;   /* [H, 2 I], the same: gate columns, then up */
-    const float *down;      /* [I, H], the same */
+    const void *gate_up;    /* [H, 2 I], the same: gate columns, then up */
+    const void *down;       /* [I, H], the same */
 } Layer;
 
 typedef struct {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter;
+    int32_t f16; /* the weight matrices are float16 (else float32) */
     float eps;
     const Layer *layers;
     const float *final_norm; /* [H], or NULL: the caller's output is the last layer's */
@@ -53,6 +61,18 @@ static inline float hsum16(v16 v) {
 }
 
 static inline v16 ld(const float *p) { return *(const v16 *)p; }
+static inline v16 ld_f32(const float *p) { return ld(p); }
+static inline v16 ld_f16(const _Float16 *p) {  /* one vcvtph2ps where the CPU has it */
+#if defined(__AVX512F__)
+    return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__) && defined(__AVX__)
+    v8 lo = (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    v8 hi = (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    return __builtin_convertvector(*(const h16 *)p, v16);
+#endif
+}
 static inline void st(float *p, v16 v) { *(v16 *)p = v; }
 
 /* Keeps a loaded weight vector in a register: for 3 or 4 rows GCC otherwise folds the load into
@@ -64,19 +84,20 @@ static inline void st(float *p, v16 v) { *(v16 *)p = v; }
 #endif
 
 /* out[r, ob .. ob + 16 NC) = bias + x[r] @ (the block at ob), for RB rows at once: each weight
- * vector is loaded once per RB rows, and each row's sums run over h in the same order for any RB. */
-#define MM_KERNEL(RB, NC)                                                                        \
-    static void mm_##RB##_##NC(const float *x, int64_t N, const float *wt, int64_t M, int64_t ob, \
-                               const float *bias, float *out) {                                 \
+ * vector is loaded once per RB rows, and each row's sums run over h in the same order for any RB.
+ * WT: the weights' type (float or _Float16), widened to float by LOAD. */
+#define MM_KERNEL(RB, NC, WT, LOAD)                                                              \
+    static void mm_##RB##_##NC##_##LOAD(const float *x, int64_t N, const WT *wt, int64_t M,      \
+                                        int64_t ob, const float *bias, float *out) {            \
         v16 acc[RB][NC];                                                                         \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                                     \
             acc[r][c] = bias ? ld(bias + ob + 16 * c) : (v16){0};                                \
         _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
-            const float *w = wt + ob * N + h * 16 * NC;                                          \
+            const WT *w = wt + ob * N + h * 16 * NC;                                             \
             v16 wv[NC];                                                                          \
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
-                wv[c] = ld(w + 16 * c);                                                          \
+                wv[c] = LOAD(w + 16 * c);                                                        \
                 IN_REGISTER(wv[c]);                                                              \
             }                                                                                    \
             _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
@@ -88,44 +109,50 @@ static inline void st(float *p, v16 v) { *(v16 *)p = v; }
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]); \
     }
 /* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers */
-MM_KERNEL(1, 4)
-MM_KERNEL(2, 4)
-MM_KERNEL(3, 4)
-MM_KERNEL(4, 4)
-MM_KERNEL(5, 4)
-MM_KERNEL(6, 4)
-MM_KERNEL(1, 1)
-MM_KERNEL(2, 1)
-MM_KERNEL(3, 1)
-MM_KERNEL(4, 1)
-MM_KERNEL(5, 1)
-MM_KERNEL(6, 1)
+#define MM_KERNELS(WT, LOAD)                                                                     \
+    MM_KERNEL(1, 4, WT, LOAD) MM_KERNEL(2, 4, WT, LOAD) MM_KERNEL(3, 4, WT, LOAD)                \
+    MM_KERNEL(4, 4, WT, LOAD) MM_KERNEL(5, 4, WT, LOAD) MM_KERNEL(6, 4, WT, LOAD)                \
+    MM_KERNEL(1, 1, WT, LOAD) MM_KERNEL(2, 1, WT, LOAD) MM_KERNEL(3, 1, WT, LOAD)                \
+    MM_KERNEL(4, 1, WT, LOAD) MM_KERNEL(5, 1, WT, LOAD) MM_KERNEL(6, 1, WT, LOAD)                \
+    /* out [R, M] = x [R, N] @ wt [N, M] (blocked, above) + bias */                             \
+    static void matmul_##LOAD(const float *x, int64_t R, int64_t N, const WT *wt,               \
+                              const float *bias, int64_t M, float *out) {                        \
+        typedef void (*fn)(const float *, int64_t, const WT *, int64_t, int64_t, const float *, float *); \
+        static const fn by4[ROWS + 1] = {0, mm_1_4_##LOAD, mm_2_4_##LOAD, mm_3_4_##LOAD,        \
+                                         mm_4_4_##LOAD, mm_5_4_##LOAD, mm_6_4_##LOAD};          \
+        static const fn by1[ROWS + 1] = {0, mm_1_1_##LOAD, mm_2_1_##LOAD, mm_3_1_##LOAD,        \
+                                         mm_4_1_##LOAD, mm_5_1_##LOAD, mm_6_1_##LOAD};          \
+        int64_t ob = 0;                                                                          \
+        for (; ob + 64 <= M; ob += 64)                                                           \
+            for (int64_t r = 0; r < R; r += ROWS)                                                \
+                by4[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt, M, ob, bias, out + r * M);    \
+        for (; ob < M; ob += 16)                                                                 \
+            for (int64_t r = 0; r < R; r += ROWS)                                                \
+                by1[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt, M, ob, bias, out + r * M);    \
+    }
 #define ROWS 6
+MM_KERNELS(float, ld_f32)
+MM_KERNELS(_Float16, ld_f16)
 
-typedef void (*mm_fn)(const float *, int64_t, const float *, int64_t, int64_t, const float *, float *);
-static const mm_fn MM4[ROWS + 1] = {0, mm_1_4, mm_2_4, mm_3_4, mm_4_4, mm_5_4, mm_6_4};
-static const mm_fn MM1[ROWS + 1] = {0, mm_1_1, mm_2_1, mm_3_1, mm_4_1, mm_5_1, mm_6_1};
-
-/* out [R, M] = x [R, N] @ wt [N, M] (blocked, above) + bias */
-static void matmul(const float *x, int64_t R, int64_t N, const float *wt, const float *bias, int64_t M, float *out) {
-    int64_t ob = 0;
-    for (; ob + 64 <= M; ob += 64)
-        for (int64_t r = 0; r < R; r += ROWS) {
-            int64_t n = R - r < ROWS ? R - r : ROWS;
-            MM4[n](x + r * N, N, wt, M, ob, bias, out + r * M);
-        }
-    for (; ob < M; ob += 16)
-        for (int64_t r = 0; r < R; r += ROWS) {
-            int64_t n = R - r < ROWS ? R - r : ROWS;
-            MM1[n](x + r * N, N, wt, M, ob, bias, out + r * M);
-        }
+/* A decoder's matmul: its weights' type decides the kernel. */
+static void matmul(const Decoder *d, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
+                   int64_t M, float *out) {
+    if (d->f16) matmul_ld_f16(x, R, N, wt, bias, M, out);
+    else matmul_ld_f32(x, R, N, wt, bias, M, out);
 }
 
 /* The same matmul for a projection outside the decoder layers (output heads, EAGLE's fc,
  * Medusa's heads): `linear.InferenceLinear` sends up to NATIVE_MAX_ROWS rows here. */
 int specdec_matmul(const float *x, int64_t R, int64_t N, const float *wt, const float *bias, int64_t M, float *out) {
     if (M % 16) return -1;
-    matmul(x, R, N, wt, bias, M, out);
+    matmul_ld_f32(x, R, N, wt, bias, M, out);
+    return 0;
+}
+
+int specdec_matmul_f16(const float *x, int64_t R, int64_t N, const _Float16 *wt, const float *bias, int64_t M,
+                       float *out) {
+    if (M % 16) return -1;
+    matmul_ld_f16(x, R, N, wt, bias, M, out);
     return 0;
 }
 
@@ -199,7 +226,7 @@ int specdec_decoder_forward(
             if (L->in_norm) rms_norm(x + r * H, L->in_norm, H, d->eps, xn + r * H);
             else memcpy(xn + r * H, x + r * H, H * sizeof(float));
         }
-        matmul(xn, R, H, L->qkv, L->qkv_bias, QKV, qkv);
+        matmul(d, xn, R, H, L->qkv, L->qkv_bias, QKV, qkv);
         /* rotary on queries and keys, then keys and values into their slots */
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < T; i++) {
@@ -256,16 +283,16 @@ int specdec_decoder_forward(
                 }
             }
         }
-        matmul(att, R, nq * hd, L->o, L->o_bias, H, xn);
+        matmul(d, att, R, nq * hd, L->o, L->o_bias, H, xn);
         for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
         for (int64_t r = 0; r < R; r++) rms_norm(x + r * H, L->post_norm, H, d->eps, xn + r * H);
-        matmul(xn, R, H, L->gate_up, NULL, 2 * I, gu);
+        matmul(d, xn, R, H, L->gate_up, NULL, 2 * I, gu);
         for (int64_t r = 0; r < R; r++)
             for (int64_t n = 0; n < I; n += 16) {  /* SiLU(gate) * up */
                 v16 g = ld(gu + r * 2 * I + n);
                 st(act + r * I + n, g / (1.0f + exp16((v16){0} - g)) * ld(gu + r * 2 * I + I + n));
             }
-        matmul(act, R, I, L->down, NULL, H, xn);
+        matmul(d, act, R, I, L->down, NULL, H, xn);
         for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
     }
     if (d->final_norm)
