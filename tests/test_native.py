@@ -67,6 +67,7 @@ def test_native_layers_equal_the_eager_ones(tiny_target, case, slots):
         out[name] = hidden, cache
     (h_native, c_native), (h_eager, c_eager) = out["native"], out["eager"]
     real = [lengths[b] if lengths else T for b in range(2)]
+    assert not h_native[1, real[1]:].any()  # padding is not computed
     for b in range(2):
         assert torch.allclose(h_native[b, : real[b]], h_eager[b, : real[b]], atol=1e-5), case
         end = PREFIX[b] + real[b]

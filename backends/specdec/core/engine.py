@@ -278,18 +278,27 @@ class Engine:
         tokens = torch.tensor([[s.tokens[-1]] + d.tokens + [0] * n for s, d, n in zip(seqs, drafts, pad)])
         positions = torch.tensor([[st + x for x in [0] + d.depths()] + [st] * n for st, d, n in zip(starts, drafts, pad)])
         masks = None if all(d.is_chain() for d in drafts) else torch.stack([tree_mask(d, T) for d in drafts])
+        # rows drafting fewer tokens than the longest are padded; the native decoder skips padding,
+        # and the output head runs on the real tokens only (2 of 8 rows drafting 4 tokens: 16, not 40)
+        lengths = [T - n for n in pad] if any(pad) else None
         self._lap("inputs")
         t2 = time.perf_counter()
         hidden = self.target(tokens.to(self.device), positions.to(self.device), self.cache,
-                             [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device))
-        logits = self.target.logits(hidden)
+                             [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device), lengths)
+        if lengths is None:
+            logits = self.target.logits(hidden)
+        else:
+            real = torch.arange(T, device=self.device) < torch.tensor(lengths, device=self.device)[:, None]
+            logits = hidden.new_zeros(B, T, self.target.config.vocab_size)
+            logits[real] = self.target.logits(hidden[real])
         t3 = time.perf_counter()
         self._lap("forward")
         m = self.metrics
         m.steps += 1
         m.propose_seconds += t1 - t0
         m.verify_seconds += t3 - t2
-        m.verify_tokens += sum(len(d) + 1 for d in drafts)
+        tokens_run = sum(len(d) + 1 for d in drafts)
+        m.verify_tokens += tokens_run
         depths = [max(d.depths(), default=0) for d in drafts]
         context = [len(s.tokens) for s in seqs]
         accepted_n: list[int] = []
@@ -317,7 +326,7 @@ class Engine:
                 self._lap("commit")
         self.policy.observe(StepRecord(
             seqs, ks, depths, accepted_n, context, propose_seconds=t1 - t0, depth=max(depths),
-            step_seconds=time.perf_counter() - t1, tokens=B * T))
+            step_seconds=time.perf_counter() - t1, tokens=tokens_run))
         self._lap("policy")
 
     def _count(self, seq: Sequence, draft: Draft, accepted: int) -> None:

@@ -252,7 +252,7 @@ class StepRecord:
     propose_seconds: float = 0.0
     depth: int = 0  # the deepest draft of the step: what the proposal's time grows with
     step_seconds: float = 0.0  # the rest of the step: inputs, target forward, verify, compact, output
-    tokens: int = 0  # tokens the target ran (batch x padded width)
+    tokens: int = 0  # tokens the target ran: each row's root and draft (the native decoder skips padding)
 
 
 class Policy:

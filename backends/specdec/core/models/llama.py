@@ -265,7 +265,7 @@ def run_decoder(
     if native is not None and cache is not None and native.accepts(x, cache.k):
         W = T if tree_mask is None else tree_mask.shape[-1]
         cos, sin = rope.table(max(starts) + W, x)
-        return native(x, positions, cos, sin, cache.k, cache.v, slots, starts, tree_mask, lengths, cache.scratch)
+        return native(x, positions, cos, sin, cache.k, cache.v, slots, starts, tree_mask, lengths)
     if cache is None:
         ctx = None
         positions, bound = torch.arange(T, device=x.device).expand(x.shape[0], -1), T

@@ -68,7 +68,7 @@ def library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.specdec_decoder_forward.restype = ctypes.c_int
-    lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, i64, p, i64]
+    lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64]
     for matmul in (lib.specdec_matmul, lib.specdec_matmul_f16):
         matmul.restype = ctypes.c_int
         matmul.argtypes = [p, i64, i64, p, p, i64, p]
@@ -164,10 +164,11 @@ class NativeDecoder:
         return NativeDecoder(layers, norm, library())
 
     def __call__(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,
-                 slots: list[int], starts: list[int], tree_mask: Tensor | None, lengths: list[int] | None,
-                 scratch: int) -> Tensor:
+                 slots: list[int], starts: list[int], tree_mask: Tensor | None, lengths: list[int] | None) -> Tensor:
         """The layers over x [B, T, H] (a new tensor is returned); arguments as `llama.run_decoder`'s,
-        cos / sin the rotary table's rows [n, 1, head_dim] for every position, k / v the cache."""
+        cos / sin the rotary table's rows [n, 1, head_dim] for every position, k / v the cache.
+        Padding (row b's tokens from lengths[b] on) is neither computed nor written to the cache:
+        its output is zero."""
         B, T, _ = x.shape
         x = x.clone(memory_format=torch.contiguous_format)  # the call writes its result in place
         positions = positions.to(torch.int64).contiguous()
@@ -177,7 +178,7 @@ class NativeDecoder:
         rc = self.lib.specdec_decoder_forward(
             self.decoder_ptr, x.data_ptr(), B, T, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*starts),
-            None if lengths is None else i64(*lengths), scratch, None if mask is None else mask.data_ptr(), W)
+            None if lengths is None else i64(*lengths), None if mask is None else mask.data_ptr(), W)
         if rc != 0:
             raise RuntimeError(f"native decoder failed with code {rc}")
         return x
