@@ -3,6 +3,8 @@ recomputed from scratch (no caches): catches misaligned features, positions or s
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError
 from specdec.core.proposers.medusa import MC_SIM_7B_63
-from specdec.core.proposers.ngram import lookup
+from specdec.core.proposers.ngram import NgramIndex, lookup
 from specdec.core.sampling import SamplingParams
 from specdec.core.verify import TreeShape
 from test_engine import kit, prompts  # noqa: F401
@@ -90,6 +92,30 @@ def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every, long_p
         with torch.no_grad():
             logits = model.logits(model(torch.tensor([tokens + draft.tokens[:-1]])))[0]
         assert draft.tokens == logits[len(tokens) - 1 :].argmax(-1).tolist()
+
+
+def searched(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Prompt lookup's rule by exhaustive search: the longest suffix n-gram with an earlier match;
+    its latest match with k tokens after it, else its earliest."""
+    L = len(tokens)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        matches = [i for i in range(L - n) if tokens[i : i + n] == tokens[L - n :]]
+        if matches:
+            full = [i for i in matches if i + n + k <= L]
+            i = full[-1] if full else matches[0]
+            return tokens[i + n : i + n + k]
+    return []
+
+
+def test_the_ngram_index_kept_as_a_sequence_grows_finds_what_a_full_search_finds():
+    rng = random.Random(0)
+    for trial in range(30):
+        tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 8))]
+        index = NgramIndex(1, 4)
+        for _ in range(60):
+            k = rng.randrange(1, 6)
+            assert index.lookup(tokens, k) == searched(tokens, k, 1, 4), (trial, tokens, k)
+            tokens = tokens + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
 
 
 def test_ngram_prefers_a_match_with_a_full_continuation():

@@ -5,8 +5,9 @@ No model at all; the draft is deterministic (one-hot q), so it verifies exactly 
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
 from torch import Tensor
 
 from specdec.core.config import EngineConfig
@@ -16,23 +17,42 @@ from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
 
-def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """What followed an earlier match of the longest suffix n-gram (max_n..min_n).
+@dataclass
+class NgramIndex:
+    """Where every n-gram (min_n..max_n tokens) of one sequence starts, extended as it grows.
 
-    The most recent match that still has k tokens after it wins; without one, the match with the
-    longest continuation. (In a repeating span the most recent match sits right before the suffix
-    and would offer a single token.) Vectorized: this runs for every sequence at every step.
-    """
-    L = len(tokens)
-    arr = np.asarray(tokens)
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        windows = sliding_window_view(arr[: L - 1], n)  # window i = tokens[i : i + n], i <= L - n - 1
-        matches = np.flatnonzero((windows == arr[L - n :]).all(axis=1))
-        if matches.size:
-            full = matches[matches + n + k <= L]
-            i = int(full[-1] if full.size else matches[0])
-            return tokens[i + n : i + n + k]
-    return []
+    A lookup is then a dict probe and a bisection per n. Searching the whole context with numpy
+    on every step cost 30-80 us per sequence on a 200-token context: a tenth of a plain step at
+    batch 1, and at batch 8 a quarter of one."""
+
+    min_n: int
+    max_n: int
+    starts: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # ascending
+    indexed: int = 0  # the n-grams ending before this token are recorded
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """What followed an earlier match of the longest suffix n-gram (max_n..min_n).
+
+        The most recent match that still has k tokens after it wins; without one, the match with
+        the longest continuation. (In a repeating span the most recent match sits right before the
+        suffix and would offer a single token.) `tokens` only grows between calls."""
+        for end in range(self.indexed, len(tokens)):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                self.starts.setdefault(tuple(tokens[end - n + 1 : end + 1]), []).append(end - n + 1)
+        L = self.indexed = len(tokens)
+        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+            found = self.starts.get(tuple(tokens[L - n :]), [])
+            earlier = bisect_right(found, L - n - 1)  # matches that end before the suffix does
+            if earlier:
+                full = bisect_right(found, L - n - k, 0, earlier)  # ... and have k tokens after them
+                i = found[full - 1] if full else found[0]
+                return tokens[i + n : i + n + k]
+        return []
+
+
+def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """`NgramIndex.lookup` on a fresh index: one sequence, once."""
+    return NgramIndex(min_n, max_n).lookup(tokens, k)
 
 
 class NgramProposer:
@@ -40,6 +60,7 @@ class NgramProposer:
         if not 1 <= min_n <= max_n:
             raise ConfigurationError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_k, self.min_n, self.max_n = k, min_n, max_n
+        self.indexes: dict[int, NgramIndex] = {}  # per slot
 
     def depth_for(self, k: int) -> int:
         return min(k, self.max_k)  # a chain
@@ -51,14 +72,19 @@ class NgramProposer:
         pass
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        return [Draft.chain(lookup(s.tokens, k, self.min_n, self.max_n)) if k > 0 else Draft.empty()
-                for s, k in zip(seqs, ks)]
+        return [Draft.chain(self.index(s).lookup(s.tokens, k)) if k > 0 else Draft.empty() for s, k in zip(seqs, ks)]
+
+    def index(self, seq: Sequence) -> NgramIndex:
+        index = self.indexes.get(seq.slot)
+        if index is None:
+            index = self.indexes[seq.slot] = NgramIndex(self.min_n, self.max_n)
+        return index
 
     def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
         pass
 
     def release(self, slot: int) -> None:
-        pass
+        self.indexes.pop(slot, None)
 
 
 @register("ngram")
