@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch import Tensor
 
 from specdec.core.errors import InvalidRequest, QueueTimeout
 from specdec.core.models.llama import LlamaForCausalLM
@@ -321,8 +322,7 @@ class Engine:
             running = self._emit(seq, accepted + [verdict.bonus])
             self._lap("output")
             if running and self.proposer is not None:
-                chain = offsets[-1] == len(verdict.path)  # the accepted nodes lie in order: a view, no gather
-                self.proposer.commit(seq, verdict.path, hidden[b, : len(offsets)] if chain else hidden[b, offsets])
+                self.proposer.commit(seq, verdict.path, lambda b=b, offsets=offsets: accepted_features(hidden[b], offsets))
                 self._lap("commit")
         self.policy.observe(StepRecord(
             seqs, ks, depths, accepted_n, context, propose_seconds=t1 - t0, depth=max(depths),
@@ -399,6 +399,12 @@ class Engine:
         while self.has_work():
             self.step()
         return results
+
+
+def accepted_features(row: Tensor, offsets: list[int]) -> Tensor:
+    """The hidden states of a step's root and accepted nodes (`offsets` into its row): a view
+    where the accepted nodes lie in order (a chain), else a gather."""
+    return row[: len(offsets)] if offsets[-1] == len(offsets) - 1 else row[offsets]
 
 
 @dataclass

@@ -266,7 +266,8 @@ class Policy:
         self.probes = 0
         self.probing_off = 0  # steps covered by the probe now running while speculation is off (0: none)
         self.narrow_probes = False  # the last such probe cost more than PROBE_BUDGET: probe one sequence
-        self.recheck_at, self.paused_batch = 0, []  # while speculation is off: when to search again, for which slots
+        # while speculation is off: when to search again, for which slots, and their ks meanwhile
+        self.recheck_at, self.paused_batch, self.paused_ks = 0, [], []
         self.affordable_gap = 0.0  # steps over which a one-sequence probe, as the last one cost, fits PROBE_BUDGET
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
@@ -279,20 +280,24 @@ class Policy:
         return self.slots[seq.slot].acceptance
 
     def choose(self, seqs: list[Sequence]) -> list[int]:
-        caps = [self.cap(s) for s in seqs]
         if not self.adaptive or self.cost is None or self.max_k == 0:
-            return caps
+            return [self.cap(s) for s in seqs]
         self.steps += 1
+        batch = [s.slot for s in seqs]
+        paused = self.steps < self.recheck_at and batch == self.paused_batch
+        if paused and self.steps < self.next_probe:  # the same batch, nothing it reads has moved
+            return self.paused_ks.copy()
+        caps = [self.cap(s) for s in seqs]
         alphas = [self.acceptance(s) for s in seqs]
         # a seeded sampled request draws its random numbers per draft position, so its output
         # depends on its k schedule: it keeps its cap, and reproduces whatever the load
         pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
-        batch = [s.slot for s in seqs]
-        if self.steps < self.recheck_at and batch == self.paused_batch:
+        if paused:
             k, drafting = 0, set()
         else:
             k, drafting = self.best(caps, alphas, pinned)
             self.recheck_at, self.paused_batch = (0, []) if drafting else (self.steps + PAUSED_RECHECK, batch)
+            self.paused_ks = [c if p else 0 for c, p in zip(caps, pinned)]
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
             self.affordable_gap = 0.0  # the drafter is kept in sync again: its next pause is measured afresh

@@ -8,6 +8,8 @@ After verification only the accepted draft tokens stay valid, so `fed` rolls bac
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -83,7 +85,7 @@ class DraftModelProposer:
             drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)
         return drafts
 
-    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens
         # it also fed, the accepted ones stay valid (none in a round without a proposal)
         self.fed[seq.slot] += min(len(path), self.drafted[seq.slot])

@@ -15,6 +15,7 @@ deterministically, so their q is one-hot and verification stays exact under samp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -63,10 +64,10 @@ class EagleProposer:
         for s, f in zip(seqs, features):
             self.fed[s.slot], self.pending[s.slot] = 0, [f]
 
-    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
         # joining a growing tensor every round of a long pause cost O(pause) per round)
-        self.pending[seq.slot].append(features)
+        self.pending[seq.slot].append(features())
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)

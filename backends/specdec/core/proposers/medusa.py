@@ -13,6 +13,8 @@ shapes and the gather indices are built once at construction, as Medusa's genera
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -86,8 +88,8 @@ class MedusaProposer:
             drafts[b] = Draft(nodes[row][: len(shape.parents)], shape.parents, shape=shape)
         return drafts
 
-    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
-        self.last_hidden[seq.slot] = features[-1]
+    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
+        self.last_hidden[seq.slot] = features()[-1]
 
     def release(self, slot: int) -> None:
         self.last_hidden.pop(slot, None)

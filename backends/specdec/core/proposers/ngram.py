@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import Callable
 
 from torch import Tensor
 
@@ -80,7 +81,7 @@ class NgramProposer:
             index = self.indexes[seq.slot] = NgramIndex(self.min_n, self.max_n)
         return index
 
-    def commit(self, seq: Sequence, path: list[int], features: Tensor) -> None:
+    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         pass
 
     def release(self, slot: int) -> None:
