@@ -88,6 +88,46 @@ def test_a_tokens_numbers_do_not_depend_on_what_else_the_forward_runs(tiny_targe
     assert torch.equal(alone[0, 0], batch[0, 0])
 
 
+@pytest.fixture
+def threads():
+    """Sets the native pool's threads; one again after the test."""
+    yield native.set_threads
+    native.set_threads(1)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_more_threads_give_the_one_thread_numbers_bit_for_bit(tiny_target, case, threads):
+    """Split over threads (matmul column blocks, attention's row and head pairs), every hidden
+    state and cache entry is the one-thread one exactly, for an even and an uneven split."""
+    model = load_model(tiny_target)
+    T, offsets, mask, lengths = CASES[case]
+    tokens = torch.tensor([[7, 11, 13, 17][:T], [19, 23, 29, 31][:T]])
+    positions = torch.tensor([[n + o for o in offsets] for n in PREFIX])
+    masks = None if mask is None else mask.expand(2, -1, -1)
+    out = []
+    for n in (1, 2, 3):
+        threads(n)
+        cache = prefilled(model, [0, 1])
+        with torch.no_grad():
+            out.append((model(tokens, positions, cache, [0, 1], PREFIX, masks, lengths), cache.k, cache.v))
+    for other in out[1:]:
+        for a, b in zip(out[0], other):
+            assert torch.equal(a, b), case
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_a_matmul_split_over_threads_equals_the_one_thread_one(n, threads):
+    """Column splits fall on 64- and 16-column block boundaries, the remainder included."""
+    torch.manual_seed(0)
+    w, bias, x = torch.randn(3 * 64 + 2 * 16, 48), torch.randn(3 * 64 + 2 * 16), torch.randn(5, 48)
+    packed = native.blocked(w)
+    threads(1)
+    one = native.matmul(x, packed, bias, w.shape[0])
+    threads(n)
+    assert torch.equal(native.matmul(x, packed, bias, w.shape[0]), one)
+    assert torch.allclose(one, x @ w.T + bias, atol=1e-4)
+
+
 def test_weights_that_are_all_float16_values_are_kept_as_float16_with_the_same_numbers(tiny_target, tmp_path, monkeypatch):
     """A checkpoint saved in half precision (the demo kit's) keeps its blocked weights as float16,
     half the bytes a one-row step streams: the kernel widens them exactly, so hidden states and

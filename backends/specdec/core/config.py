@@ -151,7 +151,7 @@ class RuntimeConfig:
 
     dtype: str = setting("float32", "model weights and activations", choices=DTYPES)
     device: str = setting("cpu", "cpu, cuda or cuda:N")
-    threads: int = setting(1, "torch threads on CPU (1 is fastest when cores are shared)")
+    threads: int = setting(1, "CPU threads of torch and of the native decoder (1 is fastest when cores are shared)")
 
 
 PATH_KEYS = tuple(f.name for f in fields(Checkpoints))  # settings that name folders

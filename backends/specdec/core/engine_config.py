@@ -8,6 +8,7 @@ import torch
 from specdec.core.config import ACCEPTANCES, DTYPES, EngineConfig
 from specdec.core.engine import Engine
 from specdec.core.errors import ConfigurationError
+from specdec.core.models import native
 from specdec.core.models.checkpoint import load_model
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers import PROPOSERS, Target, build_proposer, require
@@ -28,6 +29,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
         raise ConfigurationError(f"dtype must be one of {', '.join(DTYPES)}, got {rt.dtype!r}")
     if rt.device.startswith("cpu"):
         torch.set_num_threads(rt.threads)
+        native.set_threads(rt.threads)
     dtype = getattr(torch, rt.dtype)
     target_dir = require(cfg.checkpoints.target, "target", p.method)
     target = load_model(target_dir, dtype, rt.device)

@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from specdec import OPENMP_ENV
 from specdec.paths import CACHE, MODEL_REPOSITORY, PACKAGE_ROOT
 from specdec.serving.control import CONTROL_DIR_ENV
 
@@ -116,6 +117,8 @@ def server_env(threads: int | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    for name, value in OPENMP_ENV.items():
+        env.setdefault(name, value)
     return env
 
 

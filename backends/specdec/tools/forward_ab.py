@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from specdec.core.models import native
 from specdec.paths import DEMO_KIT, REPO_ROOT
 
 SHAPES = "1x1,1x2,1x5,8x1,8x5"
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed", help="--method: the engines' policy (default: fixed)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    native.set_threads(args.threads)  # this checkout's native pool; an earlier one's follows its own rules
     with tempfile.TemporaryDirectory() as tmp:
         package = import_revision(args.rev, Path(tmp))
         (engines_ab if args.method else forwards_ab)(package, args)

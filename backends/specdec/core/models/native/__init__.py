@@ -26,7 +26,7 @@ from torch import Tensor, nn
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decoder.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-lm"]
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-lm"]
 # More rows than this in one forward (a prompt's prefill, a large tree at a large batch) go to the
 # eager layers, whose packed oneDNN GEMM is faster for them; see docs/engine.md for the crossover.
 NATIVE_MAX_ROWS = 64
@@ -72,7 +72,17 @@ def library() -> ctypes.CDLL | None:
     for matmul in (lib.specdec_matmul, lib.specdec_matmul_f16):
         matmul.restype = ctypes.c_int
         matmul.argtypes = [p, i64, i64, p, p, i64, p]
+    lib.specdec_set_threads.restype = ctypes.c_int
+    lib.specdec_set_threads.argtypes = [ctypes.c_int]
     return lib
+
+
+def set_threads(threads: int) -> None:
+    """Threads each native matmul and attention splits its work over (the runtime's `threads`,
+    as torch's): results are the one-thread ones bit for bit. No-op where native decoding is off."""
+    lib = library()
+    if lib is not None:
+        lib.specdec_set_threads(threads)
 
 
 class _Layer(ctypes.Structure):
