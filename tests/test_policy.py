@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from specdec.core import policy
-from specdec.core.policy import (COLLAPSE_ALPHA, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PROBE_BUDGET, PROBE_EVERY,
+from specdec.core.policy import (COLLAPSE_ALPHA, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PROBE_BUDGET, PROBE_EVERY,
                                  CostModel, Policy, SlotState, StepRecord, expected_tokens)
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -215,8 +215,9 @@ def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
 
     p.cost = memory_bound()  # the machine frees up: speculation pays, and probes return to their pace
     assert p.probe_gap == MAX_PROBE_GAP
-    assert min(p.choose(batch)) > 0
-    assert p.probe_gap == PROBE_EVERY and p.next_probe - p.steps <= PROBE_EVERY
+    # at the next search of the paused batch (searches back off, up to PAUSED_RECHECK_MAX steps apart)
+    assert any(min(p.choose(batch)) > 0 and p.probe_gap == PROBE_EVERY for _ in range(PAUSED_RECHECK_MAX))
+    assert p.next_probe - p.steps <= PROBE_EVERY
 
 
 def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float) -> list[int]:
@@ -284,6 +285,33 @@ def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_ba
     p.cost = memory_bound()
     resumed = next(n for n in range(1, PAUSED_RECHECK + 2) if min(p.choose(batch)) > 0)
     assert resumed <= PAUSED_RECHECK
+
+
+def test_searches_of_a_paused_batch_back_off_until_it_changes_or_drafts(monkeypatch):
+    """Each search that finds the same batch still off doubles the gap to the next, up to
+    PAUSED_RECHECK_MAX; a changed batch, or a step that drafted (a probe), searches at once and
+    starts the gaps again."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    p.next_probe = 10**6  # no probes: only the searches
+    batch = seqs(p, 2, 0.6)
+    searches = []
+    best = p.best
+    monkeypatch.setattr(p, "best", lambda *a: searches.append(p.steps) or best(*a))
+    for _ in range(300):
+        assert p.choose(batch) == [0, 0]
+    gaps = [b - a for a, b in zip(searches, searches[1:])]
+    assert gaps[:4] == [PAUSED_RECHECK, 2 * PAUSED_RECHECK, 4 * PAUSED_RECHECK, 8 * PAUSED_RECHECK]
+    assert max(gaps) == PAUSED_RECHECK_MAX and gaps == sorted(gaps)
+    p.choose(batch[:1])  # a new batch: searched at once, and its gaps start again
+    assert searches[-1] == p.steps
+    searched = len(searches)
+    for _ in range(PAUSED_RECHECK):
+        p.choose(batch[:1])
+    assert searches[searched:] == [p.steps]
+    p.observe(StepRecord(batch[:1], [1], [1], [1], [2], propose_seconds=1e-4, depth=1, step_seconds=1e-3, tokens=2))
+    p.choose(batch[:1])  # after a step that drafted
+    assert searches[-1] == p.steps
 
 
 def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_verify_tokens():

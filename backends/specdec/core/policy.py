@@ -69,10 +69,14 @@ LONGEST_PROBE_GAP = 1024  # ... and past that, up to this, as far as a probe dra
 # needs to stay within PROBE_BUDGET: at batch 1 a probe cannot be narrowed, and EAGLE's first
 # proposal after a pause catches its head up on the whole prompt and output so far (6-14 ms over
 # 100-200 pairs, eager, against a 0.45-0.6 ms step): every 128 steps that was 13% of the run.
-PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches again every this
-# many steps, or when the batch changes, or after a probe: in between only the sequences'
-# acceptances move (drifting towards the engine-wide one at DECAY per round), and the search
-# every step was 5% of a 0.45 ms step at batch 1.
+PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches again after this
+# many steps, or when the batch changes, or after a step that drafted (a probe): in between only
+# the sequences' acceptances move, drifting towards the engine-wide one at DECAY per round (an
+# e-fold in 20 rounds), and the search every step was 5% of a 0.45 ms step at batch 1. Each search
+# that finds the same batch still off doubles the gap to the next, up to PAUSED_RECHECK_MAX, the
+# drift's own pace (its evidence is 0.95^64 = 4% of what it was): every 8 steps the searches of a
+# paused batch of one were still 1% of a 0.25 ms step.
+PAUSED_RECHECK_MAX = 64
 PROBE_BUDGET = 0.03  # a probe while speculation is off catches the probed rows' drafter up on
 # everything since the last probe, so its cost grows with the gap and backing off does not shrink
 # it per step. When the last such probe, scaled to every row and spread over the steps it covered,
@@ -267,7 +271,7 @@ class Policy:
         self.probing_off = 0  # steps covered by the probe now running while speculation is off (0: none)
         self.narrow_probes = False  # the last such probe cost more than PROBE_BUDGET: probe one sequence
         # while speculation is off: when to search again, for which slots, and their ks meanwhile
-        self.recheck_at, self.paused_batch, self.paused_ks = 0, [], []
+        self.recheck_at, self.recheck_gap, self.paused_batch, self.paused_ks = 0, PAUSED_RECHECK, [], []
         self.affordable_gap = 0.0  # steps over which a one-sequence probe, as the last one cost, fits PROBE_BUDGET
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
@@ -296,7 +300,12 @@ class Policy:
             k, drafting = 0, set()
         else:
             k, drafting = self.best(caps, alphas, pinned)
-            self.recheck_at, self.paused_batch = (0, []) if drafting else (self.steps + PAUSED_RECHECK, batch)
+            if drafting:
+                self.recheck_at, self.paused_batch = 0, []
+            else:  # off again for the same batch (nothing drafted since): search less often
+                same = batch == self.paused_batch
+                self.recheck_gap = min(2 * self.recheck_gap, PAUSED_RECHECK_MAX) if same else PAUSED_RECHECK
+                self.recheck_at, self.paused_batch = self.steps + self.recheck_gap, batch
             self.paused_ks = [c if p else 0 for c, p in zip(caps, pinned)]
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
@@ -379,7 +388,7 @@ class Policy:
             self.next_probe = self.steps + self.probe_gap
         self.probing_off = 0
         if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
-            self.recheck_at = 0
+            self.recheck_at, self.paused_batch = 0, []
         self.observe_draft_time(step.propose_seconds, step.depth, caught_up)
         for s, n in drafted:
             self.slots[s.slot].proposed_at = n

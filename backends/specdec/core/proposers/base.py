@@ -31,9 +31,10 @@ class Proposer(Protocol):
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         """seq.tokens gained the accepted path and the bonus token; features() gives the target's
-        hidden states of the root and the path [1 + len(path), H], made only when called (the
-        draft model and prompt lookup need none: slicing them every step of a paused drafter
-        was 1.5% of a plain step at batch 1)."""
+        hidden states of the root and the path [1 + len(path), H], made only when called, and
+        callable after the step too (the draft model and prompt lookup need none; EAGLE and
+        Medusa keep it until a proposal reads it: slicing them every step of a paused drafter
+        was 1.5-2% of a plain step at batch 1)."""
 
     def release(self, slot: int) -> None:
         """The slot's sequence left the batch."""

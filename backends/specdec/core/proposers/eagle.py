@@ -48,7 +48,11 @@ class EagleProposer:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}
-        self.pending: dict[int, list[Tensor]] = {}  # feature blocks, joined once at catch-up
+        # per slot, the true-feature blocks not fed yet, each made only when the catch-up joins
+        # them (a paused sequence's steps sliced a block every step, 2% of a plain step at batch
+        # 1, for a catch-up that may never come), and how many pairs they hold
+        self.pending: dict[int, list[Callable[[], Tensor]]] = {}
+        self.backlog: dict[int, int] = {}
 
     def depth_for(self, k: int) -> int:
         k = min(k, self.max_k)
@@ -62,16 +66,18 @@ class EagleProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
-            self.fed[s.slot], self.pending[s.slot] = 0, [f]
+            self.fed[s.slot], self.pending[s.slot], self.backlog[s.slot] = 0, [lambda f=f: f], len(f)
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
         # joining a growing tensor every round of a long pause cost O(pause) per round)
-        self.pending[seq.slot].append(features())
+        self.pending[seq.slot].append(features)
+        self.backlog[seq.slot] += 1 + len(path)
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
         self.pending.pop(slot, None)
+        self.backlog.pop(slot, None)
 
     def embed(self, tokens: Tensor) -> Tensor:
         return self.target.model.embed_tokens(tokens)
@@ -80,7 +86,7 @@ class EagleProposer:
         """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
         device = self.head.fc.weight.device
         starts = [self.fed[s.slot] for s in seqs]
-        feats = [torch.cat(self.pending[s.slot]) for s in seqs]
+        feats = [torch.cat([block() for block in self.pending[s.slot]]) for s in seqs]
         tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
@@ -89,7 +95,7 @@ class EagleProposer:
                         lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
-            self.pending[s.slot] = []
+            self.pending[s.slot], self.backlog[s.slot] = [], 0
         return out[torch.arange(len(seqs)), torch.tensor([len(f) - 1 for f in feats])]
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
@@ -98,7 +104,7 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        fed, rows = catch_up_rows(seqs, ks, lambda s: sum(map(len, self.pending[s.slot])))
+        fed, rows = catch_up_rows(seqs, ks, lambda s: self.backlog[s.slot])
         root_features = self.catch_up(fed)[torch.tensor(rows, device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
                  else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
