@@ -101,6 +101,35 @@ def test_streamed_chunks_concatenate_to_the_whole_text(kit):
     assert all("\ufffd" not in p for p in pieces)
 
 
+def test_incremental_text_is_the_whole_decode_and_each_push_decodes_a_short_window(kit):
+    """Pushed in chunks of 1-5 ids, random ids (byte tokens that split characters included) hand
+    out exactly the decode of all of them, nothing unfinished before the end, and no push decodes
+    more than its window (the ids of the last complete push and its own), however long the text."""
+    from specdec.core.models.tokenizer import IncrementalDetokenizer
+
+    tokenizer = engine(kit).tokenizer
+    rng = random.Random(0)
+    text = "Grüße, naïve café — 日本語のテキスト 🙂 emoji\n"
+    for trial in range(20):
+        ids = tokenizer.encode(text * 3) if trial % 2 else [rng.randrange(tokenizer.hf.get_vocab_size()) for _ in range(400)]
+        decoded: list[int] = []
+        decode = tokenizer.decode
+        tokenizer.decode = lambda window: decoded.append(len(window)) or decode(window)
+        detok, pieces, i = IncrementalDetokenizer(tokenizer), [], 0
+        while i < len(ids):
+            n = rng.randint(1, 5)
+            pieces.append(detok.push(ids[i : i + n]))
+            i += n
+        pieces.append(detok.push([], final=True))
+        tokenizer.decode = decode
+        assert "".join(pieces) == decode(ids)
+        if trial % 2:
+            assert all("\ufffd" not in p for p in pieces)
+            assert max(decoded) <= 40  # the longest run of ids that leave a character unfinished, and two pushes
+        else:
+            assert max(decoded) < 100  # 400 ids
+
+
 def test_stop_strings_max_tokens_min_tokens(kit):
     eng = engine(kit)
     [free] = eng.generate(["for i in range(10):"], SamplingParams(max_tokens=30, ignore_eos=True))

@@ -8,7 +8,7 @@ A whole-command timing cannot separate a faster forward from the machine's drift
 tests prove nothing; this imports the earlier commit's `specdec` package under another name beside
 the current one, loads the same checkpoints into both, and times them in alternating order: per
 call (400 pairs per shape by default) for a forward, per generation (8 held-out prompts x 128
-greedy tokens, fixed k unless `--policy adaptive`) for `--method`, so each ratio compares runs made
+greedy tokens by default, fixed k unless `--policy adaptive`) for `--method`, so each ratio compares runs made
 moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
 depend on the policy).
 """
@@ -81,7 +81,7 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
     prompts = heldout_prompts(8)
 
     def run(engine, params) -> list[list[int]]:
-        return [r.token_ids for r in engine.generate(prompts, params(max_tokens=128, ignore_eos=True))]
+        return [r.token_ids for r in engine.generate(prompts, params(max_tokens=args.max_tokens, ignore_eos=True))]
 
     runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
     for e, P in engines.values():
@@ -90,7 +90,7 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
     times = time_pairs(runs, args.rounds)
     ratios = sorted(a / b for a, b in zip(*times.values()))
-    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of 8 x 128 "
+    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of 8 x {args.max_tokens} "
           f"greedy tokens: {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
           f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
     ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
     ap.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed", help="--method: the engines' policy (default: fixed)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="--method: greedy tokens per prompt (default: 128)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     native.set_threads(args.threads)  # this checkout's native pool; an earlier one's follows its own rules

@@ -56,19 +56,34 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
+    """The text of a growing list of token ids, handed out as it becomes certain, in time that does
+    not grow with the length: each push decodes only a window, the ids of the last complete push
+    and those after it, and hands out what that decode adds to the window's earlier text (both
+    decodes start at the same id, so a decoder that treats the first token apart, as Metaspace's
+    leading space, treats both alike). Decoding every id on every push cost 0.12 ms a step at 900
+    tokens, a fifth of a plain decode step, for every method and the baseline. Text that ends in
+    an incomplete UTF-8 character (U+FFFD) is held back until the character completes, or `final`."""
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = 0  # characters of the decoded text already handed out
+        self.prefix = 0  # the window starts at this id: ids before it are never decoded again
+        self.read = 0  # the window's ids before this one are handed out whole
+        self.partial = 0  # characters handed out past those ids' text (held-back pushes)
 
     def push(self, new_ids: list[int], final: bool = False) -> str:
         """Add tokens, return the text that is now certain (everything, when final)."""
         self.ids.extend(new_ids)
-        text = self.tokenizer.decode(self.ids)
+        decode = self.tokenizer.decode
+        done = len(decode(self.ids[self.prefix : self.read])) + self.partial
+        text = decode(self.ids[self.prefix :])
         end = len(text)
         if not final:
-            while end > self.emitted and text[end - 1] == "\ufffd":
+            while end > done and text[end - 1] == "\ufffd":
                 end -= 1
-        delta = text[self.emitted : end]
-        self.emitted = end
+        delta = text[done:end]
+        if end == len(text):  # complete: the next window starts at this push's ids
+            self.prefix, self.read, self.partial = self.read, len(self.ids), 0
+        else:
+            self.partial = max(done, end) - (done - self.partial)
         return delta
