@@ -65,10 +65,11 @@ MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe 
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
 # every 16 steps cost 0.90x of the baseline where speculation never pays.
-LONGEST_PROBE_GAP = 1024  # ... and past that, up to this, as far as a probe drafting one sequence
+LONGEST_PROBE_GAP = 4096  # ... and past that, up to this, as far as a probe drafting one sequence
 # needs to stay within PROBE_BUDGET: at batch 1 a probe cannot be narrowed, and EAGLE's first
 # proposal after a pause catches its head up on the whole prompt and output so far (6-14 ms over
-# 100-200 pairs, eager, against a 0.45-0.6 ms step): every 128 steps that was 13% of the run.
+# 100-200 pairs, eager, against a 0.45-0.6 ms step): every 128 steps that was 13% of the run, and
+# with the native step (0.25 ms) every 1024 steps still 4-6% (10-22 ms a probe).
 PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches again after this
 # many steps, or when the batch changes, or after a step that drafted (a probe): in between only
 # the sequences' acceptances move, drifting towards the engine-wide one at DECAY per round (an
@@ -77,7 +78,7 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # drift's own pace (its evidence is 0.95^64 = 4% of what it was): every 8 steps the searches of a
 # paused batch of one were still 1% of a 0.25 ms step.
 PAUSED_RECHECK_MAX = 64
-PROBE_BUDGET = 0.03  # a probe while speculation is off catches the probed rows' drafter up on
+PROBE_BUDGET = 0.015  # a probe while speculation is off catches the probed rows' drafter up on
 # everything since the last probe, so its cost grows with the gap and backing off does not shrink
 # it per step. When the last such probe, scaled to every row and spread over the steps it covered,
 # cost more than this share of a step, the next one drafts only the best-accepting sequence (one
@@ -86,7 +87,9 @@ PROBE_BUDGET = 0.03  # a probe while speculation is off catches the probed rows'
 # every row is how a batch of 8 learns that drafting pays (1.14-1.29x for the draft model). At a
 # 10% budget, adaptive EAGLE and EAGLE-2 batches of 8 that drafted only in probes ran at 0.91-0.96x
 # of the baseline (`specdec bench`, three runs); at 3% EAGLE's ran 1.06x faster than at 10%
-# (forward_ab, 8 rounds), the draft model's 1.03x, Medusa's and EAGLE-2's the same.
+# (forward_ab, 8 rounds), the draft model's 1.03x, Medusa's and EAGLE-2's the same. With the
+# native step a paused method's other costs (policy, bookkeeping) are 2-3% of a step, and a
+# method may cost at most 5% (the bench's never-lose target): probes get 1.5%.
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
