@@ -12,17 +12,19 @@ from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError
 from specdec.core.proposers.medusa import MC_SIM_7B_63
+from specdec.core.proposers import base
 from specdec.core.proposers.ngram import NgramIndex, lookup
 from specdec.core.sampling import SamplingParams
 from specdec.core.verify import TreeShape
 from test_engine import kit, prompts  # noqa: F401
 
 
-def recorded_first_drafts(eng, skip_every: int = 0, long_pause: int = 0):
+def recorded_first_drafts(eng, skip_every: int = 0, long_pause: int = 0, shifts: list[int] | None = None):
     """(tokens, draft) of every proposal; with skip_every, some rounds propose nothing (k = 0); with
     long_pause, no row drafts for that many rounds (from the fourth), then only the odd slots do for
     as many again while the even slots' backlog, longer than `proposers.base.RIDE_ALONG_TOKENS`,
-    waits (it catches up only when its row drafts), then all rows draft."""
+    waits (it catches up only when its row drafts), then all rows draft. `shifts` gets each
+    recorded draft's positions before its drafter's cache (a windowed catch-up)."""
     seen = []
     propose = eng.proposer.propose
     rounds = iter(range(10**9))
@@ -38,6 +40,8 @@ def recorded_first_drafts(eng, skip_every: int = 0, long_pause: int = 0):
     def spy(seqs, ks):
         drafts = propose(seqs, ks)
         seen.extend((list(s.tokens), d) for s, d in zip(seqs, drafts) if len(d))
+        if shifts is not None:
+            shifts.extend(eng.proposer.shift[s.slot] for s, d in zip(seqs, drafts) if len(d))
         return drafts
 
     eng.proposer.propose = spy
@@ -92,6 +96,31 @@ def test_draft_model_first_draft_matches_its_own_forward(kit, skip_every, long_p
         with torch.no_grad():
             logits = model.logits(model(torch.tensor([tokens + draft.tokens[:-1]])))[0]
         assert draft.tokens == logits[len(tokens) - 1 :].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle", "eagle2"])
+def test_a_catch_up_feeds_only_a_window_and_drafts_as_the_drafter_over_it(kit, method, monkeypatch):  # noqa: F811
+    """A catch-up further back than CATCH_UP_WINDOW tokens (a prompt, a long pause) restarts the
+    drafter's cache at the window: every first draft token is the drafter's over the window's
+    tokens alone, as if they began the sequence (the target's features are of the whole one)."""
+    monkeypatch.setattr(base, "CATCH_UP_WINDOW", 6)
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
+    target, shifts = eng.target, []
+    recorded = recorded_first_drafts(eng, long_pause=12, shifts=shifts)
+    assert min(shifts) > 0 and len(set(shifts)) > 2  # the prompt's window, and the pauses'
+    for (tokens, draft), shift in zip(recorded, shifts):
+        ids = torch.tensor([tokens])
+        with torch.no_grad():
+            if method == "draft":
+                model = eng.proposer.model
+                window = torch.tensor([tokens[shift:]])
+                want = int(model.logits(model(window))[0, -1].argmax())
+            else:
+                head = eng.proposer.head
+                feats = target(ids[:, :-1])
+                pred = head(target.model.embed_tokens(ids[:, shift + 1 :]), feats[:, shift:])
+                want = int(target.logits(pred[0, -1]).argmax())
+        assert [t for t, p in zip(draft.tokens, draft.parents) if p == -1][0] == want
 
 
 def searched(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:

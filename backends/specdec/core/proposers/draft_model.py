@@ -2,7 +2,8 @@
 
 The draft cache is kept in sync lazily: `fed[slot]` counts the sequence tokens it holds. Each
 proposal first feeds what every running sequence has not seen (the bonus token, any accepted
-tail, and what a sequence the policy paused committed meanwhile), then drafts.
+tail, and what a sequence the policy paused committed meanwhile, at most its last
+`CATCH_UP_WINDOW`: the cache then restarts there, `shift[slot]` positions in), then drafts.
 After verification only the accepted draft tokens stay valid, so `fed` rolls back to them.
 """
 
@@ -19,7 +20,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import catch_up_rows, next_draft_tokens
+from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -34,6 +35,7 @@ class DraftModelProposer:
         self.model, self.max_k, self.eos_ids = model, k, list(eos_ids)
         self.fed: dict[int, int] = {}
         self.drafted: dict[int, int] = {}  # draft tokens fed to the cache by the last proposal
+        self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
 
     def depth_for(self, k: int) -> int:
         return min(k, self.max_k)  # a chain
@@ -43,7 +45,7 @@ class DraftModelProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s in seqs:
-            self.fed[s.slot], self.drafted[s.slot] = 0, 0
+            self.fed[s.slot], self.drafted[s.slot], self.shift[s.slot] = 0, 0, 0
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft.empty() for _ in seqs]
@@ -52,8 +54,12 @@ class DraftModelProposer:
             return drafts
         device = self.model.lm_head.weight.device
         fed, at = catch_up_rows(seqs, ks, lambda s: len(s.tokens) - self.fed[s.slot])
+        for s in fed:
+            start = catch_up_start(self.fed[s.slot], len(s.tokens))
+            if start > self.fed[s.slot]:
+                self.fed[s.slot] = self.shift[s.slot] = start
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
-        starts = [self.fed[s.slot] for s in fed]
+        starts = self.cached(fed, [self.fed[s.slot] for s in fed])
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
         hidden = self.model(tokens, positions, self.cache, [s.slot for s in fed], starts,
@@ -75,15 +81,20 @@ class DraftModelProposer:
             rows = [r for r in rows if ks[active[r]] > depth]
             if not rows:
                 break
-            pos = [len(seqs[active[r]].tokens) + depth - 1 for r in rows]
+            pos = self.cached([seqs[active[r]] for r in rows], [len(seqs[active[r]].tokens) + depth - 1 for r in rows])
             step = torch.tensor([[out[active[r]][-1]] for r in rows], device=device)
-            hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache,
-                                [slots[r] for r in rows], pos)
+            hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache, [slots[r] for r in rows], pos)
             logits = self.model.logits(hidden[:, 0])
         for b in active:
             self.drafted[seqs[b].slot] = ks[b] - 1
             drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)
         return drafts
+
+    def cached(self, seqs: list[Sequence], positions: list[int]) -> list[int]:
+        """Each sequence position as the draft model sees it, counted from its cache's first entry:
+        where its token is written and what it attends to, and its rotary position (attention sees
+        only the differences of those)."""
+        return [p - self.shift[s.slot] for s, p in zip(seqs, positions)]
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens
@@ -94,6 +105,7 @@ class DraftModelProposer:
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
         self.drafted.pop(slot, None)
+        self.shift.pop(slot, None)
 
 
 

@@ -24,7 +24,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.proposers.base import catch_up_rows, next_draft_tokens
+from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -48,11 +48,12 @@ class EagleProposer:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}
-        # per slot, the true-feature blocks not fed yet, each made only when the catch-up joins
-        # them (a paused sequence's steps sliced a block every step, 2% of a plain step at batch
-        # 1, for a catch-up that may never come), and how many pairs they hold
-        self.pending: dict[int, list[Callable[[], Tensor]]] = {}
+        # per slot, the true-feature blocks not fed yet as (pairs, block), each made only when the
+        # catch-up joins them (a paused sequence's steps sliced a block every step, 2% of a plain
+        # step at batch 1, for a catch-up that may never come), and how many pairs they hold
+        self.pending: dict[int, list[tuple[int, Callable[[], Tensor]]]] = {}
         self.backlog: dict[int, int] = {}
+        self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
 
     def depth_for(self, k: int) -> int:
         k = min(k, self.max_k)
@@ -66,32 +67,55 @@ class EagleProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
-            self.fed[s.slot], self.pending[s.slot], self.backlog[s.slot] = 0, [lambda f=f: f], len(f)
+            self.fed[s.slot], self.shift[s.slot] = 0, 0
+            self.pending[s.slot], self.backlog[s.slot] = [(len(f), lambda f=f: f)], len(f)
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
         # joining a growing tensor every round of a long pause cost O(pause) per round)
-        self.pending[seq.slot].append(features)
+        self.pending[seq.slot].append((1 + len(path), features))
         self.backlog[seq.slot] += 1 + len(path)
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
         self.pending.pop(slot, None)
         self.backlog.pop(slot, None)
+        self.shift.pop(slot, None)
 
     def embed(self, tokens: Tensor) -> Tensor:
         return self.target.model.embed_tokens(tokens)
 
+    def pending_features(self, slot: int) -> Tensor:
+        """The slot's pending true features, at most CATCH_UP_WINDOW pairs: past that the cache
+        restarts at the window's first pair (`shift`), and the blocks before it are never made."""
+        fed = self.fed[slot]
+        drop = catch_up_start(fed, fed + self.backlog[slot]) - fed
+        if drop:
+            self.fed[slot] = self.shift[slot] = fed + drop
+        kept = []
+        for n, block in self.pending[slot]:
+            if drop < n:
+                kept.append(block()[drop:])
+            drop = max(drop - n, 0)
+        return torch.cat(kept)
+
+    def cached(self, seqs: list[Sequence], positions: list[int]) -> list[int]:
+        """Each pair position as the head sees it, counted from its cache's first entry: where the
+        pair is written and what it attends to, and its rotary position (attention sees only the
+        differences of those)."""
+        return [p - self.shift[s.slot] for s, p in zip(seqs, positions)]
+
     def catch_up(self, seqs: list[Sequence]) -> Tensor:
         """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
         device = self.head.fc.weight.device
+        feats = [self.pending_features(s.slot) for s in seqs]
         starts = [self.fed[s.slot] for s in seqs]
-        feats = [torch.cat([block() for block in self.pending[s.slot]]) for s in seqs]
         tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
-        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)
-        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], starts,
+        at = self.cached(seqs, starts)
+        positions = torch.tensor(at, device=device)[:, None] + torch.arange(width, device=device)
+        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], at,
                         lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
@@ -127,7 +151,7 @@ class EagleProposer:
             if not keep:
                 break
             rows = [rows[i] for i in keep]
-            pos = [len(seqs[r].tokens) - 1 + depth - 1 for r in rows]
+            pos = self.cached([seqs[r] for r in rows], [len(seqs[r].tokens) - 1 + depth - 1 for r in rows])
             tokens = torch.tensor([[out[r][-1]] for r in rows], device=device)
             feature = self.head(self.embed(tokens), feature[keep][:, None], torch.tensor(pos, device=device)[:, None],
                                 self.cache, [seqs[r].slot for r in rows], pos)[:, 0]
@@ -149,7 +173,7 @@ class EagleProposer:
         ancestors: list[list[list[int]]] = [[[] for _ in range(tree.top_k)] for _ in range(B)]
         frontier = [list(range(tree.top_k)) for _ in range(B)]  # top_k nodes each, at every depth
         where: list[dict[int, int]] = [{} for _ in range(B)]  # expanded candidate -> its key after the root
-        starts = [len(s.tokens) - 1 for s in seqs]
+        starts = self.cached(seqs, [len(s.tokens) - 1 for s in seqs])
         parent_feature: list[dict[int, Tensor]] = [{-1: root_feature[b]} for b in range(B)]
         for _ in range(min(tree.depth, max(ks)) - 1):  # a tree of k nodes is at most k deep
             written = len(where[0])  # every sequence expands top_k nodes per depth
@@ -166,8 +190,8 @@ class EagleProposer:
                         rows[i][where[b][a]] = True
                 mask.append(rows)
             grown = self.head(self.embed(torch.tensor(tokens, device=device)), torch.stack(features),
-                              torch.tensor(positions, device=device), self.cache, [s.slot for s in seqs], starts,
-                              torch.tensor(mask, device=device)).flatten(0, 1)
+                              torch.tensor(positions, device=device), self.cache, [s.slot for s in seqs],
+                              starts, torch.tensor(mask, device=device)).flatten(0, 1)
             node_logp = torch.log_softmax(self.target.logits(grown).float(), -1)
             values, indices = (t.tolist() for t in torch.topk(node_logp, tree.top_k, dim=-1))
             row = 0
