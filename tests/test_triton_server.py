@@ -141,24 +141,26 @@ def wait_for(predicate, timeout=5.0):
 def test_every_model_streams_the_engines_greedy_text(served, engines, model):
     engine = engines(model)
     for prompt in PROMPTS[:2]:
-        ref = engine.generate([prompt], SamplingParams(max_tokens=24))[0]
+        # long enough that the sender thread, which merges the outputs that piled up while it
+        # waited, cannot take a whole generation as one response (24 tokens took ~5 ms in process)
+        ref = engine.generate([prompt], SamplingParams(max_tokens=96))[0]
         chunks, error = grpc_request(served.grpc_url, model, request_inputs(
-            prompt, max_tokens=24, stream=True, exclude_input_in_output=True))
+            prompt, max_tokens=96, stream=True, exclude_input_in_output=True))
         assert error is None
         text, ids = joined(chunks)
         assert (text, ids) == (ref.text, ref.token_ids)
         assert len(chunks) > 1 and chunks[-1]["reason"] == ref.finish_reason
         assert (chunks[-1]["draft"], chunks[-1]["accepted"]) == (ref.stats.draft_tokens, ref.stats.accepted_tokens)
 
-        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 24, "stream": True,
+        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 96, "stream": True,
                                                      "exclude_input_in_output": True})
         assert status == 200 and "".join(e["text_output"] for e in events) == ref.text
-        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 24, "stream": True})
+        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 96, "stream": True})
         assert events[0]["text_output"].startswith(prompt)  # exclude_input_in_output false: prompt first
         assert "".join(e["text_output"] for e in events) == prompt + ref.text
 
         r = requests.post(f"http://{served.http_url}/v2/models/{model}/generate",
-                          json={"text_input": prompt, "max_tokens": 24}, timeout=60)  # stream false: one response
+                          json={"text_input": prompt, "max_tokens": 96}, timeout=60)  # stream false: one response
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["text_output"] == prompt + ref.text  # exclude_input_in_output defaults to false
