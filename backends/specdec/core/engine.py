@@ -282,16 +282,21 @@ class Engine:
         # rows drafting fewer tokens than the longest are padded; the native decoder skips padding,
         # and the output head runs on the real tokens only (2 of 8 rows drafting 4 tokens: 16, not 40)
         lengths = [T - n for n in pad] if any(pad) else None
+        ends = list(itertools.accumulate(lengths or [T] * B))  # each row's tokens end here among the real ones
         self._lap("inputs")
         t2 = time.perf_counter()
         hidden = self.target(tokens.to(self.device), positions.to(self.device), self.cache,
                              [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device), lengths)
+        # logits [B, T, V], or [real tokens, V] for a padded batch; flattened, row b's are
+        # begins[b]:ends[b] in both. A padded batch's logits were scattered into a zeroed [B, T, V]:
+        # with one 2-token row among 8 plain ones the head and argmax took 125 us against 71 us for
+        # 8 plain rows (90 us now), a jump the policy's curve, interpolated between the plain and
+        # the full batch's token counts, does not see
         if lengths is None:
             logits = self.target.logits(hidden)
         else:
             real = torch.arange(T, device=self.device) < torch.tensor(lengths, device=self.device)[:, None]
-            logits = hidden.new_zeros(B, T, self.target.config.vocab_size)
-            logits[real] = self.target.logits(hidden[real])
+            logits = self.target.logits(hidden[real])
         t3 = time.perf_counter()
         self._lap("forward")
         m = self.metrics
@@ -304,13 +309,19 @@ class Engine:
         context = [len(s.tokens) for s in seqs]
         accepted_n: list[int] = []
         argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
+        if argmax and lengths is None:  # [B][T]: flattened as a padded batch's are
+            argmax = list(itertools.chain.from_iterable(argmax))
+        flat = logits if lengths else None  # [tokens, V]; a [B, T, V] is flattened for the first sampled row
+        begins = [0] + ends[:-1]
         self._lap("verify")
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             eos_blocked = seq.params.min_tokens - len(seq.output_ids)
             if seq.params.greedy and eos_blocked <= 0:
-                verdict = greedy_walk(draft, argmax[b])
+                verdict = greedy_walk(draft, argmax[begins[b] : ends[b]])
             else:
-                verdict = verify(draft, logits[b], seq.params, seq.generator, self.eos_ids, eos_blocked, self.typical)
+                flat = logits.flatten(0, 1) if flat is None else flat
+                verdict = verify(draft, flat[begins[b] : ends[b]], seq.params, seq.generator, self.eos_ids,
+                                 eos_blocked, self.typical)
             self._lap("verify")
             offsets = [0] + [i + 1 for i in verdict.path]
             self.cache.compact(seq.slot, starts[b], offsets)
