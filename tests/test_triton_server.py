@@ -38,7 +38,9 @@ pytestmark = pytest.mark.slow
 MODELS = ["baseline", "spec_draft", "spec_medusa", "spec_eagle", "spec_ngram"]
 SLOT1 = "slots1_spec_eagle"  # one KV slot, 1 s queue timeout: for cancellation and queueing
 PROMPTS = ["def add(a, b):", "Grüße, naïve café — 日本語", "import os\nimport sys\n", "class Point:\n    def"]
-LONG = 480  # tokens; the 1-slot model needs seconds for this, far more than its queue timeout
+STREAMED = 400  # tokens of each request that checks streaming
+LONG = 1500  # tokens; the 1-slot model needs seconds for this, far more than its queue timeout (480
+# took under a second once detokenizing no longer cost O(length) a step)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def served(tmp_path_factory, tokenizer_dir):
     # the EAGLE-2 tree (slower per token than the chain spec_eagle now serves) keeps LONG requests
     # well over the 1 s queue timeout, as the queueing test needs
     write_repository(repo, kit["target"], eagle=kit["eagle"], models=["spec_eagle"], prefix="slots1_",
-                     dtype="float64", policy="fixed", max_batch=1, max_context=512, queue_timeout_s=1.0,
+                     dtype="float64", policy="fixed", max_batch=1, max_context=LONG + 32, queue_timeout_s=1.0,
                      eagle_tree=(4, 5, 24))
     with TritonServer(repo, exit_timeout_s=3, log_file=root / "tritonserver.log") as server:
         yield server
@@ -142,25 +144,26 @@ def test_every_model_streams_the_engines_greedy_text(served, engines, model):
     engine = engines(model)
     for prompt in PROMPTS[:2]:
         # long enough that the sender thread, which merges the outputs that piled up while it
-        # waited, cannot take a whole generation as one response (24 tokens took ~5 ms in process)
-        ref = engine.generate([prompt], SamplingParams(max_tokens=96))[0]
+        # waited, does not take a whole generation as one response (24 and then 96 tokens came
+        # back as one in full-suite runs once the engine got faster)
+        ref = engine.generate([prompt], SamplingParams(max_tokens=STREAMED))[0]
         chunks, error = grpc_request(served.grpc_url, model, request_inputs(
-            prompt, max_tokens=96, stream=True, exclude_input_in_output=True))
+            prompt, max_tokens=STREAMED, stream=True, exclude_input_in_output=True))
         assert error is None
         text, ids = joined(chunks)
         assert (text, ids) == (ref.text, ref.token_ids)
         assert len(chunks) > 1 and chunks[-1]["reason"] == ref.finish_reason
         assert (chunks[-1]["draft"], chunks[-1]["accepted"]) == (ref.stats.draft_tokens, ref.stats.accepted_tokens)
 
-        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 96, "stream": True,
+        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": STREAMED, "stream": True,
                                                      "exclude_input_in_output": True})
         assert status == 200 and "".join(e["text_output"] for e in events) == ref.text
-        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": 96, "stream": True})
+        status, events = http_stream(served, model, {"text_input": prompt, "max_tokens": STREAMED, "stream": True})
         assert events[0]["text_output"].startswith(prompt)  # exclude_input_in_output false: prompt first
         assert "".join(e["text_output"] for e in events) == prompt + ref.text
 
         r = requests.post(f"http://{served.http_url}/v2/models/{model}/generate",
-                          json={"text_input": prompt, "max_tokens": 96}, timeout=60)  # stream false: one response
+                          json={"text_input": prompt, "max_tokens": STREAMED}, timeout=60)  # stream false: one response
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["text_output"] == prompt + ref.text  # exclude_input_in_output defaults to false
