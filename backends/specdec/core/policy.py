@@ -378,6 +378,14 @@ class Policy:
 
     def observe(self, step: StepRecord) -> None:
         """Learn from one decode step: proposal and step costs, then each sequence's acceptance."""
+        if step.tokens == len(step.seqs) and not any(step.ks):  # a plain step (a paused batch's): its cost, the decay
+            self.probing_off = 0
+            if self.cost is not None and step.tokens:
+                self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
+            for s in step.seqs:
+                if s.slot in self.slots:
+                    self.observe_round(self.slots[s.slot], 0, 0)
+            return
         drafted = [(s, n) for s, k, n in zip(step.seqs, step.ks, step.context) if k > 0 and s.slot in self.slots]
         caught_up = max((n - self.slots[s.slot].proposed_at for s, n in drafted), default=0)
         if self.probing_off and self.cost is not None and drafted:  # a probe while speculation was off
