@@ -43,16 +43,24 @@ class Proposer(Protocol):
 RIDE_ALONG_TOKENS = 8  # a paused row with at most this many pending tokens catches up with the drafting rows
 CATCH_UP_WINDOW = 256  # a model drafter's catch-up feeds at most a sequence's latest this many
 # tokens: further back, its cache restarts with them (at positions counted from the window's
-# start: rotary attention sees only their differences) and the earlier ones are dropped. A catch-up's cost grew with the pause before it: after 900 tokens a paused EAGLE's
-# probe at batch 1 took 46 ms, the head run on every pair, so spacing probes out saved nothing per
-# step on a long output. Drafts then see at most this much context (verification keeps the output
-# exact whatever they see); a sequence that drafts every step is never more than k + 1 behind.
+# start: rotary attention sees only their differences) and the earlier ones are dropped. A
+# catch-up's cost grew with the pause before it: after 900 tokens a paused EAGLE's probe at batch
+# 1 took 46 ms, the head run on every pair, so spacing probes out saved nothing per step on a long
+# output. Drafts then see at most this much context (verification keeps the output exact whatever
+# they see); a sequence that drafts every step is never more than k + 1 behind.
 
 
 def catch_up_start(fed: int, end: int) -> int:
     """Where a catch-up of the tokens from `fed` to `end` starts: at `fed`, or within
     CATCH_UP_WINDOW of `end` (the drafter's cache then restarts there)."""
     return max(fed, end - CATCH_UP_WINDOW)
+
+
+def window_positions(shift: dict[int, int], seqs: list[Sequence], positions: list[int]) -> list[int]:
+    """Each sequence position as a drafter whose cache restarted `shift[slot]` positions in sees
+    it: where its entry is written and what it attends to, and its rotary position (attention sees
+    only the differences of those)."""
+    return [p - shift[s.slot] for s, p in zip(seqs, positions)]
 
 
 def catch_up_rows(

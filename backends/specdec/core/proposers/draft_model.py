@@ -20,7 +20,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens
+from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens, window_positions
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -59,7 +59,7 @@ class DraftModelProposer:
             if start > self.fed[s.slot]:
                 self.fed[s.slot] = self.shift[s.slot] = start
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
-        starts = self.cached(fed, [self.fed[s.slot] for s in fed])
+        starts = window_positions(self.shift, fed, [self.fed[s.slot] for s in fed])
         tokens = pad_batch(pending, device)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
         hidden = self.model(tokens, positions, self.cache, [s.slot for s in fed], starts,
@@ -81,20 +81,16 @@ class DraftModelProposer:
             rows = [r for r in rows if ks[active[r]] > depth]
             if not rows:
                 break
-            pos = self.cached([seqs[active[r]] for r in rows], [len(seqs[active[r]].tokens) + depth - 1 for r in rows])
+            rows_seqs = [seqs[active[r]] for r in rows]
+            pos = window_positions(self.shift, rows_seqs, [len(s.tokens) + depth - 1 for s in rows_seqs])
             step = torch.tensor([[out[active[r]][-1]] for r in rows], device=device)
-            hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache, [slots[r] for r in rows], pos)
+            hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache,
+                                [slots[r] for r in rows], pos)
             logits = self.model.logits(hidden[:, 0])
         for b in active:
             self.drafted[seqs[b].slot] = ks[b] - 1
             drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)
         return drafts
-
-    def cached(self, seqs: list[Sequence], positions: list[int]) -> list[int]:
-        """Each sequence position as the draft model sees it, counted from its cache's first entry:
-        where its token is written and what it attends to, and its rotary position (attention sees
-        only the differences of those)."""
-        return [p - self.shift[s.slot] for s, p in zip(seqs, positions)]
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens

@@ -24,7 +24,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens
+from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens, window_positions
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -99,12 +99,6 @@ class EagleProposer:
             drop = max(drop - n, 0)
         return torch.cat(kept)
 
-    def cached(self, seqs: list[Sequence], positions: list[int]) -> list[int]:
-        """Each pair position as the head sees it, counted from its cache's first entry: where the
-        pair is written and what it attends to, and its rotary position (attention sees only the
-        differences of those)."""
-        return [p - self.shift[s.slot] for s, p in zip(seqs, positions)]
-
     def catch_up(self, seqs: list[Sequence]) -> Tensor:
         """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
         device = self.head.fc.weight.device
@@ -113,7 +107,7 @@ class EagleProposer:
         tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
         width = tokens.shape[1]
         features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
-        at = self.cached(seqs, starts)
+        at = window_positions(self.shift, seqs, starts)
         positions = torch.tensor(at, device=device)[:, None] + torch.arange(width, device=device)
         out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], at,
                         lengths=[len(f) for f in feats])
@@ -151,7 +145,7 @@ class EagleProposer:
             if not keep:
                 break
             rows = [rows[i] for i in keep]
-            pos = self.cached([seqs[r] for r in rows], [len(seqs[r].tokens) - 1 + depth - 1 for r in rows])
+            pos = window_positions(self.shift, [seqs[r] for r in rows], [len(seqs[r].tokens) + depth - 2 for r in rows])
             tokens = torch.tensor([[out[r][-1]] for r in rows], device=device)
             feature = self.head(self.embed(tokens), feature[keep][:, None], torch.tensor(pos, device=device)[:, None],
                                 self.cache, [seqs[r].slot for r in rows], pos)[:, 0]
@@ -173,7 +167,7 @@ class EagleProposer:
         ancestors: list[list[list[int]]] = [[[] for _ in range(tree.top_k)] for _ in range(B)]
         frontier = [list(range(tree.top_k)) for _ in range(B)]  # top_k nodes each, at every depth
         where: list[dict[int, int]] = [{} for _ in range(B)]  # expanded candidate -> its key after the root
-        starts = self.cached(seqs, [len(s.tokens) - 1 for s in seqs])
+        starts = window_positions(self.shift, seqs, [len(s.tokens) - 1 for s in seqs])
         parent_feature: list[dict[int, Tensor]] = [{-1: root_feature[b]} for b in range(B)]
         for _ in range(min(tree.depth, max(ks)) - 1):  # a tree of k nodes is at most k deep
             written = len(where[0])  # every sequence expands top_k nodes per depth
