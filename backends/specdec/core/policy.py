@@ -79,8 +79,9 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # paused batch of one were still 1% of a 0.25 ms step.
 PAUSED_RECHECK_MAX = 64
 PROBE_BUDGET = 0.015  # a probe while speculation is off catches the probed rows' drafter up on
-# everything since the last probe, so its cost grows with the gap and backing off does not shrink
-# it per step. When the last such probe, scaled to every row and spread over the steps it covered,
+# everything since the last probe (at most `proposers.base.CATCH_UP_WINDOW` tokens a row: before
+# that bound its cost grew with the gap, and backing off did not shrink it per step on long
+# outputs). When the last such probe, scaled to every row and spread over the steps it covered,
 # cost more than this share of a step, the next one drafts only the best-accepting sequence (one
 # row's backlog): EAGLE's two-layer head at batch 8 spent 17-31 ms per all-row probe (about a
 # third of every step it covered); the small draft model's probes stay within budget, and drafting
