@@ -378,15 +378,21 @@ class Policy:
         self.slots.pop(slot, None)
 
     def observe(self, step: StepRecord) -> None:
-        """Learn from one decode step: proposal and step costs, then each sequence's acceptance."""
-        if step.tokens == len(step.seqs) and not any(step.ks):  # a plain step (a paused batch's): its cost, the decay
-            self.probing_off = 0
-            if self.cost is not None and step.tokens:
-                self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
-            for s in step.seqs:
-                if s.slot in self.slots:
-                    self.observe_round(self.slots[s.slot], 0, 0)
-            return
+        """Learn from one decode step: proposal and step costs, then each sequence's acceptance.
+        A plain step (no sequence drafted: a paused batch's) moves only the step's cost and the
+        acceptances' decay; the proposal bookkeeping it skips cost 2 us a step at batch 1."""
+        if step.tokens != len(step.seqs) or any(step.ks):
+            self.observe_proposal(step)
+        self.probing_off = 0
+        if self.cost is not None and step.tokens:
+            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
+        for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
+            if s.slot in self.slots:  # not finished in this step
+                self.observe_round(self.slots[s.slot], depth, accepted)
+
+    def observe_proposal(self, step: StepRecord) -> None:
+        """A step that drafted: what its probe cost, a search due, the proposal's time, and where
+        each drafting sequence proposed."""
         drafted = [(s, n) for s, k, n in zip(step.seqs, step.ks, step.context) if k > 0 and s.slot in self.slots]
         caught_up = max((n - self.slots[s.slot].proposed_at for s, n in drafted), default=0)
         if self.probing_off and self.cost is not None and drafted:  # a probe while speculation was off
@@ -398,17 +404,11 @@ class Policy:
             self.affordable_gap = step.propose_seconds / len(drafted) / budget
             self.probe_gap = max(self.probe_gap, self.budget_gap())  # from this probe on, not the next
             self.next_probe = self.steps + self.probe_gap
-        self.probing_off = 0
         if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
             self.recheck_at, self.paused_batch = 0, []
         self.observe_draft_time(step.propose_seconds, step.depth, caught_up)
         for s, n in drafted:
             self.slots[s.slot].proposed_at = n
-        if self.cost is not None and step.tokens:
-            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
-        for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
-            if s.slot in self.slots:  # not finished in this step
-                self.observe_round(self.slots[s.slot], depth, accepted)
 
     def observe_round(self, state: SlotState, depth_drafted: int, accepted: int) -> None:
         """Update a sequence's acceptance after a round that drafted to depth `depth_drafted`."""

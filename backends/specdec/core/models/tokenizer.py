@@ -75,7 +75,8 @@ class IncrementalDetokenizer:
         """Add tokens, return the text that is now certain (everything, when final)."""
         self.ids.extend(new_ids)
         decode = self.tokenizer.decode
-        done = len(decode(self.ids[self.prefix : self.read])) + self.partial
+        whole = len(decode(self.ids[self.prefix : self.read]))  # the text of the ids handed out whole
+        done = whole + self.partial
         text = decode(self.ids[self.prefix :])
         end = len(text)
         if not final:
@@ -85,5 +86,5 @@ class IncrementalDetokenizer:
         if end == len(text):  # complete: the next window starts at this push's ids
             self.prefix, self.read, self.partial = self.read, len(self.ids), 0
         else:
-            self.partial = max(done, end) - (done - self.partial)
+            self.partial = max(done, end) - whole
         return delta

@@ -50,10 +50,14 @@ CATCH_UP_WINDOW = 256  # a model drafter's catch-up feeds at most a sequence's l
 # they see); a sequence that drafts every step is never more than k + 1 behind.
 
 
-def catch_up_start(fed: int, end: int) -> int:
-    """Where a catch-up of the tokens from `fed` to `end` starts: at `fed`, or within
-    CATCH_UP_WINDOW of `end` (the drafter's cache then restarts there)."""
-    return max(fed, end - CATCH_UP_WINDOW)
+def restart_at_window(fed: dict[int, int], shift: dict[int, int], slot: int, end: int) -> int:
+    """Bring a slot's catch-up (its drafter holds what comes before `fed[slot]`, of `end`) within
+    CATCH_UP_WINDOW of `end`: further back, the drafter's cache restarts there (`fed` and `shift`
+    move to it). Returns how many pending entries that skips."""
+    skipped = max(end - CATCH_UP_WINDOW - fed[slot], 0)
+    if skipped:
+        fed[slot] = shift[slot] = fed[slot] + skipped
+    return skipped
 
 
 def window_positions(shift: dict[int, int], seqs: list[Sequence], positions: list[int]) -> list[int]:

@@ -20,7 +20,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens, window_positions
+from specdec.core.proposers.base import catch_up_rows, next_draft_tokens, restart_at_window, window_positions
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -55,9 +55,7 @@ class DraftModelProposer:
         device = self.model.lm_head.weight.device
         fed, at = catch_up_rows(seqs, ks, lambda s: len(s.tokens) - self.fed[s.slot])
         for s in fed:
-            start = catch_up_start(self.fed[s.slot], len(s.tokens))
-            if start > self.fed[s.slot]:
-                self.fed[s.slot] = self.shift[s.slot] = start
+            restart_at_window(self.fed, self.shift, s.slot, len(s.tokens))
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
         starts = window_positions(self.shift, fed, [self.fed[s.slot] for s in fed])
         tokens = pad_batch(pending, device)

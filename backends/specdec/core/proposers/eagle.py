@@ -24,7 +24,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.proposers.base import catch_up_rows, catch_up_start, next_draft_tokens, window_positions
+from specdec.core.proposers.base import catch_up_rows, next_draft_tokens, restart_at_window, window_positions
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -47,12 +47,11 @@ class EagleProposer:
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
-        self.fed: dict[int, int] = {}
+        self.fed: dict[int, int] = {}  # pairs fed; those from here to the root's are pending
         # per slot, the true-feature blocks not fed yet as (pairs, block), each made only when the
         # catch-up joins them (a paused sequence's steps sliced a block every step, 2% of a plain
-        # step at batch 1, for a catch-up that may never come), and how many pairs they hold
+        # step at batch 1, for a catch-up that may never come)
         self.pending: dict[int, list[tuple[int, Callable[[], Tensor]]]] = {}
-        self.backlog: dict[int, int] = {}
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
 
     def depth_for(self, k: int) -> int:
@@ -67,33 +66,32 @@ class EagleProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
-            self.fed[s.slot], self.shift[s.slot] = 0, 0
-            self.pending[s.slot], self.backlog[s.slot] = [(len(f), lambda f=f: f)], len(f)
+            self.fed[s.slot], self.shift[s.slot], self.pending[s.slot] = 0, 0, [(len(f), lambda f=f: f)]
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
         # joining a growing tensor every round of a long pause cost O(pause) per round)
         self.pending[seq.slot].append((1 + len(path), features))
-        self.backlog[seq.slot] += 1 + len(path)
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
         self.pending.pop(slot, None)
-        self.backlog.pop(slot, None)
         self.shift.pop(slot, None)
 
     def embed(self, tokens: Tensor) -> Tensor:
         return self.target.model.embed_tokens(tokens)
 
-    def pending_features(self, slot: int) -> Tensor:
-        """The slot's pending true features, at most CATCH_UP_WINDOW pairs: past that the cache
+    @staticmethod
+    def backlog(seq: Sequence, fed: int) -> int:
+        """Pairs not fed yet: pair t is (feature_t, token_t+1), so they run up to the root's."""
+        return len(seq.tokens) - 1 - fed
+
+    def pending_features(self, seq: Sequence) -> Tensor:
+        """The sequence's pending true features, at most CATCH_UP_WINDOW pairs: past that the cache
         restarts at the window's first pair (`shift`), and the blocks before it are never made."""
-        fed = self.fed[slot]
-        drop = catch_up_start(fed, fed + self.backlog[slot]) - fed
-        if drop:
-            self.fed[slot] = self.shift[slot] = fed + drop
+        drop = restart_at_window(self.fed, self.shift, seq.slot, len(seq.tokens) - 1)
         kept = []
-        for n, block in self.pending[slot]:
+        for n, block in self.pending[seq.slot]:
             if drop < n:
                 kept.append(block()[drop:])
             drop = max(drop - n, 0)
@@ -102,7 +100,7 @@ class EagleProposer:
     def catch_up(self, seqs: list[Sequence]) -> Tensor:
         """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
         device = self.head.fc.weight.device
-        feats = [self.pending_features(s.slot) for s in seqs]
+        feats = [self.pending_features(s) for s in seqs]
         starts = [self.fed[s.slot] for s in seqs]
         tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
         width = tokens.shape[1]
@@ -113,7 +111,7 @@ class EagleProposer:
                         lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
-            self.pending[s.slot], self.backlog[s.slot] = [], 0
+            self.pending[s.slot] = []
         return out[torch.arange(len(seqs)), torch.tensor([len(f) - 1 for f in feats])]
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
@@ -122,7 +120,7 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        fed, rows = catch_up_rows(seqs, ks, lambda s: self.backlog[s.slot])
+        fed, rows = catch_up_rows(seqs, ks, lambda s: self.backlog(s, self.fed[s.slot]))
         root_features = self.catch_up(fed)[torch.tensor(rows, device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
                  else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
