@@ -20,3 +20,23 @@ def test_engine_ab_against_head_checks_outputs_and_times_both(capsys):
     out = capsys.readouterr().out
     assert re.search(r"ngram, batch 8, adaptive policy, 1 thread\(s\), 1 alternating rounds .*: HEAD [\d.]+ s, this checkout [\d.]+ s; "
                      r"speedup median [\d.]+x .*identical outputs", out)
+
+
+def test_arrivals_keep_that_many_in_flight_and_return_each_prompts_tokens():
+    """`--in-flight`: each finished request submits the next, so the batch never holds more than
+    that many and changes as they finish; every prompt gets what `generate` gives it."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.sampling import SamplingParams
+    from specdec.tools.bench import kit_paths
+    from specdec.tools.forward_ab import arrivals
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.prompts import heldout_prompts
+
+    engine = build_engine(EngineConfig.of(method="ngram", max_batch=8, policy="fixed", **kit_paths(DEMO_KIT)))
+    prompts, params = heldout_prompts(5), SamplingParams(max_tokens=12, ignore_eos=True)
+    batches, step = [], engine.step
+    engine.step = lambda: batches.append(len(engine.running) + len(engine.queue)) or step()
+    outputs = arrivals(engine, params, prompts, 2)
+    assert max(batches) == 2 and len(batches) > 12  # more steps than one generation: they queued
+    assert outputs == [r.token_ids for r in engine.generate(prompts, params)]

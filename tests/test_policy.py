@@ -28,7 +28,7 @@ def seqs(p: Policy, n: int, alpha: float, **params) -> list[Sequence]:
 
 def round_(p: Policy, seq: Sequence, depth: int, accepted: int) -> None:
     """One decode step of `seq` alone that drafted to `depth` and accepted `accepted` tokens."""
-    p.observe(StepRecord([seq], [depth], [depth], [accepted], [len(seq.tokens)]))
+    p.observe(StepRecord([seq], [depth], [depth], [accepted], [1 if depth else 0]))
 
 
 def memory_bound() -> CostModel:
@@ -162,11 +162,44 @@ def test_draft_cost_ignores_catch_up_and_preempted_proposals():
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = memory_bound()
     before = p.cost.draft(4)
-    p.observe_draft_time(2.0, 4, caught_up=30)  # a proposal after a pause fed 30 tokens first
+    p.observe_draft_time(2.0, 4, backlogs=[30])  # a proposal after a pause fed 30 tokens first
     assert p.cost.draft(4) == before
     for i in range(40):
-        p.observe_draft_time(0.5 if i % 5 else 1.5, 4, caught_up=3)  # one in five preempted
+        p.observe_draft_time(0.5 if i % 5 else 1.5, 4, backlogs=[3])  # one in five preempted
     assert abs(p.cost.draft(4) - 0.5) < 1e-9
+
+
+def test_a_catch_up_is_fitted_per_entry_apart_from_the_proposal_cost():
+    """A proposal that first fed entries beyond the steady ones (accepted tokens and bonus) times
+    the catch-up: what it took past the fitted proposal, per entry, as the median of recent ones
+    (one preempted catch-up does not move it); the proposal's own fit is left alone, and a
+    catch-up too short to time is neither."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = memory_bound()
+    draft = p.cost.draft(4)
+    for i in range(9):  # 40 and 60 entries past the steady 5, at 0.01 each; one preempted
+        extra = 100.0 if i == 4 else 0.01 * (40 if i % 2 else 60)
+        p.observe_draft_time(draft + extra, 4, backlogs=[p.steady + (40 if i % 2 else 60), 2])
+    assert p.cost.catch_up_per_entry == pytest.approx(0.01) and p.cost.draft(4) == draft
+    p.observe_draft_time(draft + 5.0, 4, backlogs=[p.steady + policy.CATCH_UP_MIN_ENTRIES - 1])
+    assert p.cost.catch_up_per_entry == pytest.approx(0.01) and p.cost.draft(4) == draft
+
+
+def test_a_resume_is_charged_its_catch_up_over_the_steps_the_sequence_has_left():
+    """Drafting pays a little (a cheap verify, a modest acceptance): a sequence in sync drafts, one
+    whose drafter must first catch up on 200 entries does not if it has 30 tokens left (a catch-up
+    of 10 steps' worth for about 15% more tokens per step over 15 steps), and does if it has 3000."""
+    backlogs = {}
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k, backlog=lambda s: backlogs[s.slot])
+    p.cost = CostModel([1, 8], [1.0, 1.2], draft_fixed=0.4, draft_per_level=0.05, catch_up_per_entry=0.05)
+    for backlog, max_tokens, drafts in ((1, 30, True), (200, 30, False), (200, 3000, True)):
+        [s] = seqs(p, 1, 0.5, max_tokens=max_tokens)
+        backlogs[s.slot] = backlog
+        assert (p.choose([s]) != [0]) == drafts, (backlog, max_tokens)
+    p.cost.catch_up_per_entry = 0.0  # not measured yet: nothing charged
+    [s] = seqs(p, 1, 0.5, max_tokens=30)
+    backlogs[s.slot] = 200
+    assert p.choose([s]) != [0]
 
 
 def test_seeded_sampled_requests_keep_their_cap_under_load():
@@ -220,12 +253,13 @@ def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
     assert p.next_probe - p.steps <= PROBE_EVERY
 
 
-def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float) -> list[int]:
-    """Run the policy to its next probe and report that probe's proposal time; the probe's ks."""
+def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float, fed: int = 1) -> list[int]:
+    """Run the policy to its next probe and report that probe's proposal time, which fed each
+    drafting row `fed` entries first; the probe's ks."""
     while True:
         ks = p.choose(batch)
         if any(ks):
-            p.observe(StepRecord(batch, ks, [min(k, 1) for k in ks], [0] * len(ks), [len(s.tokens) for s in batch],
+            p.observe(StepRecord(batch, ks, [min(k, 1) for k in ks], [0] * len(ks), [fed if k else 0 for k in ks],
                                  propose_seconds=propose_seconds, depth=1, tokens=len(batch) + sum(ks)))
             return ks
 
@@ -266,6 +300,24 @@ def test_a_probe_over_budget_at_batch_1_spaces_the_next_as_far_as_the_budget_nee
     assert p.probe_gap == LONGEST_PROBE_GAP
     p.cost = memory_bound()
     assert min(p.choose(batch)) > 0 and p.probe_gap == PROBE_EVERY and p.affordable_gap == 0
+
+
+@pytest.mark.parametrize("per_entry, gap", [(0.5, 200), (10.0, 10 * policy.CATCH_UP_WINDOW + 100)])
+def test_the_next_probe_is_spaced_for_the_catch_up_its_gap_will_cost(per_entry, gap, monkeypatch):
+    """A probe's catch-up grows with the gap before it, an entry a step up to CATCH_UP_WINDOW: the
+    next probe goes where its own drafting (here 100 steps' budget) and that catch-up, at the
+    fitted cost per entry (here 0.5x and 10x a step's budget), fit the budget. Scaled from a
+    probe alone (as if its 20 entries were all it will ever feed), the next would come 110 or 300
+    steps on."""
+    monkeypatch.setattr(policy, "LOAD_RATE", 0.0)  # the probes' untimed steps leave the load alone
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(p, 1, 0.6)
+    budget = PROBE_BUDGET * p.cost.verify(1)
+    p.cost.catch_up_per_entry = per_entry * budget
+    probe_step(p, batch, 0.0)
+    probe_step(p, batch, 100 * budget + 20 * p.cost.catch_up_per_entry, fed=20)
+    assert p.probe_gap == gap and p.next_probe == p.steps + gap
 
 
 def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_batch_changes(monkeypatch):
@@ -309,7 +361,7 @@ def test_searches_of_a_paused_batch_back_off_until_it_changes_or_drafts(monkeypa
     for _ in range(PAUSED_RECHECK):
         p.choose(batch[:1])
     assert searches[searched:] == [p.steps]
-    p.observe(StepRecord(batch[:1], [1], [1], [1], [2], propose_seconds=1e-4, depth=1, step_seconds=1e-3, tokens=2))
+    p.observe(StepRecord(batch[:1], [1], [1], [1], [1], propose_seconds=1e-4, depth=1, step_seconds=1e-3, tokens=2))
     p.choose(batch[:1])  # after a step that drafted
     assert searches[-1] == p.steps
 
@@ -342,7 +394,7 @@ def test_a_busy_spell_at_the_chosen_token_count_does_not_switch_speculation_off(
     [k] = p.choose([s])
     assert k == 4
     for _ in range(60):
-        p.observe(StepRecord([s], [k], [k], [k], [len(s.tokens)], propose_seconds=3 * 0.5, depth=k,
+        p.observe(StepRecord([s], [k], [k], [k], [1], propose_seconds=3 * 0.5, depth=k,
                              step_seconds=3 * 1.4, tokens=k + 1))
     assert p.cost.load == pytest.approx(3.0, rel=0.05)
     assert p.choose([s]) == [4]

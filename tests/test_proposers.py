@@ -123,6 +123,45 @@ def test_a_catch_up_feeds_only_a_window_and_drafts_as_the_drafter_over_it(kit, m
         assert [t for t, p in zip(draft.tokens, draft.parents) if p == -1][0] == want
 
 
+@pytest.mark.parametrize("window", [6, base.CATCH_UP_WINDOW])
+@pytest.mark.parametrize("method", ["draft", "eagle", "eagle2", "medusa", "ngram"])
+def test_backlog_is_what_the_next_catch_up_feeds(kit, method, window, monkeypatch):  # noqa: F811
+    """The policy charges a resume with `backlog`: for every drafting row it must be exactly the
+    entries the drafter's catch-up forward then runs for it (a newcomer's prompt, a pause, at most
+    the window), and 0 where there is no model to keep in sync."""
+    monkeypatch.setattr(base, "CATCH_UP_WINDOW", window)
+    eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
+    proposer, fed, expected = eng.proposer, [], []
+    model = getattr(proposer, "head", None) if method.startswith("eagle") else getattr(proposer, "model", None)
+    if model is not None:
+        forward, slots_arg = model.forward, 4 if method.startswith("eagle") else 3  # (tokens or embeds, [features,] positions, cache, slots, ...)
+
+        def spy(*args, **kwargs):
+            if not fed[-1]:  # the proposal's first forward is its catch-up
+                fed[-1] = dict(zip(args[slots_arg], kwargs["lengths"]))
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", spy)
+    propose = proposer.propose
+
+    def recording(seqs, ks):
+        expected.append({s.slot: proposer.backlog(s) for s, k in zip(seqs, ks) if k})
+        fed.append({})
+        return propose(seqs, ks)
+
+    proposer.propose = recording
+    rounds = iter(range(10**9))
+    eng.policy.choose = lambda seqs: [0 if 2 <= next(rounds) % 20 < 12 else 3 for _ in seqs]  # pauses of 10 rounds
+    eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=50, ignore_eos=True))
+    backlogs = [b for e in expected for b in e.values()]
+    if model is None:
+        assert set(backlogs) == {0}
+        return
+    assert max(backlogs) == window if window < 10 else 10 < max(backlogs) <= window  # prompts and pauses
+    for e, f in zip(expected, fed):
+        assert {slot: f[slot] for slot in e} == e
+
+
 def searched(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Prompt lookup's rule by exhaustive search: the longest suffix n-gram with an earlier match;
     its latest match with k tokens after it, else its earliest."""

@@ -87,7 +87,8 @@ class Engine:
         self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
         self.device = target.lm_head.weight.device
         max_k = proposer.max_k if proposer else 0
-        self.policy = Policy(max_k, adaptive and proposer is not None, proposer.depth_for if proposer else (lambda k: 0))
+        self.policy = Policy(max_k, adaptive and proposer is not None, proposer.depth_for if proposer else (lambda k: 0),
+                             proposer.backlog if proposer else None)
         self.capacity = max_context + max_k + 1  # room for the draft nodes past the last position
         self.cache = target.new_cache(max_batch, self.capacity)
         if proposer is not None:
@@ -267,8 +268,10 @@ class Engine:
         seqs = list(self.running)
         ks = self.policy.choose(seqs)
         self._lap("policy")
+        proposing = self.proposer is not None and any(ks)
+        backlogs = [self.proposer.backlog(s) if k else 0 for s, k in zip(seqs, ks)] if proposing else []
         t0 = time.perf_counter()
-        drafts = self.proposer.propose(seqs, ks) if self.proposer and any(ks) else [Draft.empty() for _ in seqs]
+        drafts = self.proposer.propose(seqs, ks) if proposing else [Draft.empty() for _ in seqs]
         t1 = time.perf_counter()
         self._lap("draft")
         T = 1 + max(len(d) for d in drafts)
@@ -306,7 +309,6 @@ class Engine:
         tokens_run = sum(len(d) + 1 for d in drafts)
         m.verify_tokens += tokens_run
         depths = [max(d.depths(), default=0) for d in drafts]
-        context = [len(s.tokens) for s in seqs]
         accepted_n: list[int] = []
         argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
         if argmax and lengths is None:  # [B][T]: flattened as a padded batch's are
@@ -336,7 +338,7 @@ class Engine:
                 self.proposer.commit(seq, verdict.path, lambda b=b, offsets=offsets: accepted_features(hidden[b], offsets))
                 self._lap("commit")
         self.policy.observe(StepRecord(
-            seqs, ks, depths, accepted_n, context, propose_seconds=t1 - t0, depth=max(depths),
+            seqs, ks, depths, accepted_n, backlogs, propose_seconds=t1 - t0, depth=max(depths),
             step_seconds=time.perf_counter() - t1, tokens=tokens_run))
         self._lap("policy")
 

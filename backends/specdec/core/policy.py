@@ -15,9 +15,11 @@ from the ratio of their medians) plus the
 proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
 per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
 whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
-(`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause the
-first proposal does catch up, and it is not a sample of the proposal cost (counting it made every
-pause longer than the last). For each candidate k the
+(`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause, and
+for a newcomer's prompt, the first proposal does catch up. That is not a sample of the proposal cost
+(counting it made every pause longer than the last): it is fitted on its own, as seconds per
+caught-up entry, and a sequence's resume is charged its drafter's backlog at that rate, spread over
+the steps it has left (`catch_up_charges`). For each candidate k the
 policy adds sequences best acceptance first and keeps the k and the set of drafting sequences that
 maximize committed tokens per second over the batch: at high load, where verify time grows with
 every extra token, k falls and the sequences that accept least stop drafting, down to none
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Callable
 
+from specdec.core.proposers.base import CATCH_UP_WINDOW
 from specdec.core.sequence import Sequence
 
 PRIOR_ALPHA = 0.6
@@ -78,6 +81,9 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # drift's own pace (its evidence is 0.95^64 = 4% of what it was): every 8 steps the searches of a
 # paused batch of one were still 1% of a 0.25 ms step.
 PAUSED_RECHECK_MAX = 64
+CATCH_UP_SAMPLES = 16  # recent catch-ups whose median cost per entry the policy charges resumes with
+CATCH_UP_MIN_ENTRIES = 16  # a catch-up of fewer entries beyond the steady ones is not timed: the
+# proposal's own jitter (tens of microseconds) would dominate its per-entry cost
 PROBE_BUDGET = 0.015  # a probe while speculation is off catches the probed rows' drafter up on
 # everything since the last probe (at most `proposers.base.CATCH_UP_WINDOW` tokens a row: before
 # that bound its cost grew with the gap, and backing off did not shrink it per step on long
@@ -115,6 +121,8 @@ class CostModel:
     draft_fixed: float = 0.0  # at load 1
     draft_per_level: float = 0.0
     draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))
+    catch_up_per_entry: float = 0.0  # at load 1: a catch-up's cost past the proposal's, per entry fed
+    catch_up_samples: deque = field(default_factory=lambda: deque(maxlen=CATCH_UP_SAMPLES))
     load: float = 1.0  # how much slower than at calibration the machine runs now
     last_n: int = 0  # the token count of the last measured step (0: none yet)
     # verify_at_calibration by token count, kept until the curve's points move: the policy looks
@@ -153,6 +161,14 @@ class CostModel:
             scale = points[0][1] / self.draft_at_calibration(points[0][0])
             self.draft_fixed *= scale
             self.draft_per_level *= scale
+
+    def observe_catch_up(self, entries: int, seconds: float, depth: int) -> None:
+        """A proposal that first fed `entries` beyond a drafting sequence's own (a resume, a
+        newcomer's prompt): what it took past the fitted proposal of its depth, per entry; the
+        median of recent ones (a preempted proposal does not move it)."""
+        extra = seconds / self.load - self.draft_at_calibration(depth)
+        self.catch_up_samples.append(max(extra, 0.0) / entries)
+        self.catch_up_per_entry = statistics.median(self.catch_up_samples)
 
     def observe_verify(self, n: int, seconds: float, plain: int = 0) -> None:
         """Move the load towards a measured step (and the curve's shape, `observe_shape`: `plain`
@@ -245,7 +261,6 @@ class SlotState:
     acceptance: float  # estimated per-token acceptance alpha
     accepted_n: float = 0.0  # its evidence: accepted draft tokens and rejections, decayed per round
     rejected_n: float = 0.0
-    proposed_at: int = 0  # len(tokens) at its last proposal: a proposer catches up on what came since
 
 
 @dataclass
@@ -256,7 +271,7 @@ class StepRecord:
     ks: list[int]  # draft lengths the policy chose
     depths: list[int]  # how deep each sequence's draft reached (0: none)
     accepted: list[int]  # accepted draft tokens per sequence
-    context: list[int]  # len(tokens) of each sequence when it was drafted for
+    backlogs: list[int]  # entries the drafter fed for each drafting sequence before drafting (0: did not draft)
     propose_seconds: float = 0.0
     depth: int = 0  # the deepest draft of the step: what the proposal's time grows with
     step_seconds: float = 0.0  # the rest of the step: inputs, target forward, verify, compact, output
@@ -264,9 +279,14 @@ class StepRecord:
 
 
 class Policy:
-    def __init__(self, max_k: int, adaptive: bool, depth_for: Callable[[int], int]) -> None:
+    def __init__(
+        self, max_k: int, adaptive: bool, depth_for: Callable[[int], int],
+        backlog: Callable[[Sequence], int] | None = None,
+    ) -> None:
         self.max_k, self.adaptive = max_k, adaptive
         self.depth_of = [depth_for(k) for k in range(max_k + 1)]  # the draft depth of each k
+        self.backlog = backlog or (lambda seq: 0)  # the proposer's: what a sequence's resume feeds first
+        self.steady = self.depth_of[-1] + 1  # what a drafting sequence's proposal feeds: accepted + bonus
         self.cost: CostModel | None = None
         self.alpha = PRIOR_ALPHA  # engine-wide acceptance over recent rounds
         self.steps = 0
@@ -303,7 +323,7 @@ class Policy:
         if paused:
             k, drafting = 0, set()
         else:
-            k, drafting = self.best(caps, alphas, pinned)
+            k, drafting = self.best(caps, alphas, pinned, self.catch_up_charges(seqs, caps, alphas))
             if drafting:
                 self.recheck_at, self.paused_batch = 0, []
             else:  # off again for the same batch (nothing drafted since): search less often
@@ -333,14 +353,52 @@ class Policy:
         cost, for one sequence, stays within PROBE_BUDGET (at most LONGEST_PROBE_GAP)."""
         return min(ceil(self.affordable_gap), LONGEST_PROBE_GAP)
 
-    def best(self, caps: list[int], alphas: list[float], pinned: list[bool]) -> tuple[int, set[int]]:
+    def catch_up_charges(self, seqs: list[Sequence], caps: list[int], alphas: list[float]) -> list[float]:
+        """Per sequence, what drafting costs it per step beyond the proposal, in calibration
+        seconds: its drafter's catch-up (a paused sequence's backlog, a newcomer's prompt), paid
+        once, spread over the steps it has left at its cap. A resume is worth it only if it repays
+        that: with 4 users each getting 32 tokens, a changed batch made adaptive EAGLE resume for
+        its newcomer 9 times in 1533 steps, each paying the prompt's catch-up (298 ms in a 7.2 s
+        run) for a round or two of drafting. A sequence in sync (backlog within one proposal's
+        own feed) is charged nothing."""
+        per_entry = self.cost.catch_up_per_entry
+        if not per_entry:
+            return [0.0] * len(seqs)
+        charges = []
+        for s, cap, alpha in zip(seqs, caps, alphas):
+            excess = self.backlog(s) - self.steady if cap else 0
+            if excess <= 0:
+                charges.append(0.0)
+                continue
+            steps_left = (s.params.max_tokens - len(s.output_ids)) / expected_tokens(alpha, self.depth_of[cap])
+            charges.append(per_entry * excess / max(steps_left, 1.0))
+        return charges
+
+    def affordable_probe_gap(self, row_seconds: float, fed: float, budget: float) -> float:
+        """Steps between probes while speculation is off over which a one-sequence probe fits
+        `budget` seconds a step, the last one having cost `row_seconds` a row for `fed` entries of
+        catch-up: the next one's catch-up grows with the gap (an entry a step, up to
+        CATCH_UP_WINDOW) at the fitted cost per entry. Scaled from the last probe alone, a first
+        probe 16 steps after a pause put the next 350 steps on at batch 1, where EAGLE's catch-up
+        on 190 entries then cost 15 ms (4% of the steps it covered, against the 1.5% budget)."""
+        per_entry = self.cost.catch_up_per_entry * self.cost.load
+        base = max(row_seconds - per_entry * min(fed, CATCH_UP_WINDOW), 0.0)  # the probe's own drafting
+        if per_entry < budget and base / (budget - per_entry) <= CATCH_UP_WINDOW:
+            return base / (budget - per_entry)
+        return (base + per_entry * CATCH_UP_WINDOW) / budget
+
+    def best(
+        self, caps: list[int], alphas: list[float], pinned: list[bool], charges: list[float] | None = None,
+    ) -> tuple[int, set[int]]:
         """The k, and the sequences that draft at it, that commit the most tokens per second.
 
         For each candidate k the sequences are added best acceptance first (for a given k, the
         ones that accept more repay their share of verification more), so speculation turns off
-        per sequence (those whose expected gain does not pay their extra verify tokens) and per
-        batch (k = 0, or no sequence added), wherever the fitted costs say it loses.
+        per sequence (those whose expected gain does not pay their extra verify tokens and their
+        catch-up, `charges`) and per batch (k = 0, or no sequence added), wherever the fitted
+        costs say it loses.
         """
+        charges = charges or [0.0] * len(caps)
         cost, depth_of = self.cost, self.depth_of
         fixed_extra = sum(c for c, p in zip(caps, pinned) if p)  # pinned sequences draft their cap
         fixed_tokens = sum(expected_tokens(a, depth_of[c]) if p and c else 1.0
@@ -357,15 +415,16 @@ class Policy:
         best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth])
         best_k = best_m = 0
         for k in self.candidates[1:]:
-            tokens, extra, depth = fixed_tokens, fixed_extra, fixed_depth
+            tokens, extra, depth, catch_up = fixed_tokens, fixed_extra, fixed_depth, 0.0
             for m, i in enumerate(order, 1):
                 kk = k if k < caps[i] else caps[i]
                 d = depth_of[kk]
                 tokens += expected_tokens(alphas[i], d) - 1.0
                 extra += kk
+                catch_up += charges[i]
                 if d > depth:
                     depth = d
-                r = tokens / (verify(n + extra) + draft_s[depth])
+                r = tokens / (verify(n + extra) + draft_s[depth] + catch_up)
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])
@@ -391,24 +450,21 @@ class Policy:
                 self.observe_round(self.slots[s.slot], depth, accepted)
 
     def observe_proposal(self, step: StepRecord) -> None:
-        """A step that drafted: what its probe cost, a search due, the proposal's time, and where
-        each drafting sequence proposed."""
-        drafted = [(s, n) for s, k, n in zip(step.seqs, step.ks, step.context) if k > 0 and s.slot in self.slots]
-        caught_up = max((n - self.slots[s.slot].proposed_at for s, n in drafted), default=0)
+        """A step that drafted: what its probe cost, a search due, and the proposal's time."""
+        drafted = [s for s, k in zip(step.seqs, step.ks) if k > 0 and s.slot in self.slots]
         if self.probing_off and self.cost is not None and drafted:  # a probe while speculation was off
             # what probing every row would have cost (a narrow probe drafted one), spread over the
             # steps since the last probe: while speculation stays off, all of it is overhead
             budget = PROBE_BUDGET * self.cost.verify(len(step.seqs))  # per step covered
             probe = step.propose_seconds * len(step.seqs) / len(drafted)
             self.narrow_probes = probe / self.probing_off > budget
-            self.affordable_gap = step.propose_seconds / len(drafted) / budget
+            fed = [b for b, k in zip(step.backlogs, step.ks) if k > 0]
+            self.affordable_gap = self.affordable_probe_gap(step.propose_seconds / len(drafted), sum(fed) / len(fed), budget)
             self.probe_gap = max(self.probe_gap, self.budget_gap())  # from this probe on, not the next
             self.next_probe = self.steps + self.probe_gap
         if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
             self.recheck_at, self.paused_batch = 0, []
-        self.observe_draft_time(step.propose_seconds, step.depth, caught_up)
-        for s, n in drafted:
-            self.slots[s.slot].proposed_at = n
+        self.observe_draft_time(step.propose_seconds, step.depth, step.backlogs)
 
     def observe_round(self, state: SlotState, depth_drafted: int, accepted: int) -> None:
         """Update a sequence's acceptance after a round that drafted to depth `depth_drafted`."""
@@ -422,7 +478,14 @@ class Policy:
         trials = state.accepted_n + state.rejected_n + PRIOR_TRIALS
         state.acceptance = (state.accepted_n + PRIOR_TRIALS * self.alpha) / trials
 
-    def observe_draft_time(self, seconds: float, depth: int, caught_up: int = 1) -> None:
-        """A proposal's time; `caught_up`: the most tokens a drafted sequence committed since its last one."""
-        if self.cost is not None and depth > 0 and caught_up <= self.depth_of[-1] + 1:
+    def observe_draft_time(self, seconds: float, depth: int, backlogs: list[int] = ()) -> None:
+        """A proposal's time; `backlogs`: what its drafter fed first for each drafting sequence. One
+        that fed a sequence more than its steady share (accepted tokens and bonus) caught up:
+        it is a sample of the catch-up's cost per entry, not of the proposal's."""
+        if self.cost is None or depth <= 0:
+            return
+        excess = sum(b - self.steady for b in backlogs if b > self.steady)
+        if not excess:
             self.cost.observe_draft(depth, seconds)
+        elif excess >= CATCH_UP_MIN_ENTRIES:
+            self.cost.observe_catch_up(excess, seconds, depth)

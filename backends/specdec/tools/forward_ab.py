@@ -3,12 +3,14 @@
     python -m specdec.tools.forward_ab --rev 4807f05 --model target --threads 1
     python -m specdec.tools.forward_ab --rev 43e8d00 --method eagle2 --batch 8
     python -m specdec.tools.forward_ab --rev 9d7df4d --method eagle --batch 8 --policy adaptive
+    python -m specdec.tools.forward_ab --rev d47dbba --method eagle --batch 8 --policy adaptive --in-flight 4 --max-tokens 32
 
 A whole-command timing cannot separate a faster forward from the machine's drift, and timed unit
 tests prove nothing; this imports the earlier commit's `specdec` package under another name beside
 the current one, loads the same checkpoints into both, and times them in alternating order: per
 call (400 pairs per shape by default) for a forward, per generation (8 held-out prompts x 128
-greedy tokens by default, fixed k unless `--policy adaptive`) for `--method`, so each ratio compares runs made
+greedy tokens by default, fixed k unless `--policy adaptive`; with `--in-flight`, that many requests
+always in flight, as a served engine sees them) for `--method`, so each ratio compares runs made
 moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
 depend on the policy).
 """
@@ -81,6 +83,8 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
     prompts = heldout_prompts(8)
 
     def run(engine, params) -> list[list[int]]:
+        if args.in_flight:
+            return arrivals(engine, params(max_tokens=args.max_tokens, ignore_eos=True), prompts * 6, args.in_flight)
         return [r.token_ids for r in engine.generate(prompts, params(max_tokens=args.max_tokens, ignore_eos=True))]
 
     runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
@@ -90,10 +94,35 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
     times = time_pairs(runs, args.rounds)
     ratios = sorted(a / b for a, b in zip(*times.values()))
-    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of 8 x {args.max_tokens} "
-          f"greedy tokens: {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
+    load = f"48 x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight else f"8 x {args.max_tokens} greedy tokens"
+    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of {load}"
+          f": {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
           f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
+
+
+def arrivals(engine, params, prompts: list[list[int]], in_flight: int) -> list[list[int]]:
+    """Run prompts with `in_flight` of them always in flight, each finished one submitting the next:
+    continuous arrivals, where the batch changes every few steps (`generate` admits them all at
+    once, and its batch only shrinks). Returns each prompt's token ids."""
+    outputs: list[list[int]] = [[] for _ in prompts]
+    waiting = iter(range(len(prompts)))
+
+    def submit() -> None:
+        i = next(waiting, None)
+        if i is not None:
+            engine.submit(prompts[i], params, lambda out, i=i: collect(i, out))
+
+    def collect(i: int, out) -> None:
+        outputs[i] += out.token_ids
+        if out.finished:
+            submit()
+
+    for _ in range(in_flight):
+        submit()
+    while engine.has_work():
+        engine.step()
+    return outputs
 
 
 def forwards_ab(package: str, args: argparse.Namespace) -> None:
@@ -138,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
     ap.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed", help="--method: the engines' policy (default: fixed)")
     ap.add_argument("--max-tokens", type=int, default=128, help="--method: greedy tokens per prompt (default: 128)")
+    ap.add_argument("--in-flight", type=int, default=0,
+                    help="--method: keep this many requests in flight over 48 (the prompts 6 times), each "
+                         "finished one submitting the next (default: 0, all 8 prompts at once)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     native.set_threads(args.threads)  # this checkout's native pool; an earlier one's follows its own rules

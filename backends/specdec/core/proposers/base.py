@@ -29,6 +29,11 @@ class Proposer(Protocol):
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         """Up to ks[b] draft tokens below each sequence's last token (k = 0: an empty draft)."""
 
+    def backlog(self, seq: Sequence) -> int:
+        """Committed entries of seq its next proposal must feed first (its catch-up; at most
+        CATCH_UP_WINDOW): 0 for proposers with no per-sequence model state to keep in sync. The
+        policy charges a paused sequence's resume with it."""
+
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         """seq.tokens gained the accepted path and the bonus token; features() gives the target's
         hidden states of the root and the path [1 + len(path), H], made only when called, and
@@ -58,6 +63,11 @@ def restart_at_window(fed: dict[int, int], shift: dict[int, int], slot: int, end
     if skipped:
         fed[slot] = shift[slot] = fed[slot] + skipped
     return skipped
+
+
+def catch_up_length(end: int, fed: int) -> int:
+    """How many of a slot's entries before `end` a catch-up feeds, the drafter holding those before `fed`."""
+    return min(end - fed, CATCH_UP_WINDOW)
 
 
 def window_positions(shift: dict[int, int], seqs: list[Sequence], positions: list[int]) -> list[int]:

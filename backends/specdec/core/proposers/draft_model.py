@@ -20,7 +20,7 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import catch_up_rows, next_draft_tokens, restart_at_window, window_positions
+from specdec.core.proposers.base import catch_up_length, catch_up_rows, next_draft_tokens, restart_at_window, window_positions
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -53,7 +53,7 @@ class DraftModelProposer:
         if not active:
             return drafts
         device = self.model.lm_head.weight.device
-        fed, at = catch_up_rows(seqs, ks, lambda s: len(s.tokens) - self.fed[s.slot])
+        fed, at = catch_up_rows(seqs, ks, self.backlog)
         for s in fed:
             restart_at_window(self.fed, self.shift, s.slot, len(s.tokens))
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
@@ -89,6 +89,9 @@ class DraftModelProposer:
             self.drafted[seqs[b].slot] = ks[b] - 1
             drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)
         return drafts
+
+    def backlog(self, seq: Sequence) -> int:
+        return catch_up_length(len(seq.tokens), self.fed[seq.slot])
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens

@@ -24,7 +24,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.proposers.base import catch_up_rows, next_draft_tokens, restart_at_window, window_positions
+from specdec.core.proposers.base import catch_up_length, catch_up_rows, next_draft_tokens, restart_at_window, window_positions
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -81,10 +81,9 @@ class EagleProposer:
     def embed(self, tokens: Tensor) -> Tensor:
         return self.target.model.embed_tokens(tokens)
 
-    @staticmethod
-    def backlog(seq: Sequence, fed: int) -> int:
+    def backlog(self, seq: Sequence) -> int:
         """Pairs not fed yet: pair t is (feature_t, token_t+1), so they run up to the root's."""
-        return len(seq.tokens) - 1 - fed
+        return catch_up_length(len(seq.tokens) - 1, self.fed[seq.slot])
 
     def pending_features(self, seq: Sequence) -> Tensor:
         """The sequence's pending true features, at most CATCH_UP_WINDOW pairs: past that the cache
@@ -120,7 +119,7 @@ class EagleProposer:
         if not active:
             return drafts
         batch = [seqs[b] for b in active]
-        fed, rows = catch_up_rows(seqs, ks, lambda s: self.backlog(s, self.fed[s.slot]))
+        fed, rows = catch_up_rows(seqs, ks, self.backlog)
         root_features = self.catch_up(fed)[torch.tensor(rows, device=self.head.fc.weight.device)]
         found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
                  else self.chain_drafts(batch, root_features, [ks[b] for b in active]))

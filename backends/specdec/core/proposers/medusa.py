@@ -91,6 +91,9 @@ class MedusaProposer:
             drafts[b] = Draft(nodes[row][: len(shape.parents)], shape.parents, shape=shape)
         return drafts
 
+    def backlog(self, seq: Sequence) -> int:
+        return 0  # no model state to keep in sync
+
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         self.last_features[seq.slot] = features
 

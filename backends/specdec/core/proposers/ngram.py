@@ -81,6 +81,9 @@ class NgramProposer:
             index = self.indexes[seq.slot] = NgramIndex(self.min_n, self.max_n)
         return index
 
+    def backlog(self, seq: Sequence) -> int:
+        return 0  # no model state to keep in sync
+
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         pass
 
