@@ -21,7 +21,8 @@ def seqs(p: Policy, n: int, alpha: float, **params) -> list[Sequence]:
     out = []
     for i in range(n):
         s = Sequence(f"r{i}", [1, 2], SamplingParams(**params), lambda o: None, slot=next(SLOTS))
-        p.slots[s.slot] = SlotState(alpha, accepted_n=20 * alpha, rejected_n=20 * (1 - alpha))
+        p.slots[s.slot] = SlotState(alpha, alpha, accepted_n=20 * alpha, rejected_n=20 * (1 - alpha),
+                                    later_accepted_n=20 * alpha, later_rejected_n=20 * (1 - alpha))
         out.append(s)
     return out
 
@@ -106,6 +107,27 @@ def test_draft_cost_fit_separates_fixed_and_per_level_cost():
         for depth in (1, 2, 4):
             c.observe_draft(depth, 0.3 + 0.1 * depth)
     assert abs(c.draft_fixed - 0.3) < 1e-9 and abs(c.draft_per_level - 0.1) < 1e-9
+
+
+def test_drafts_right_or_wrong_as_a_whole_are_drafted_deep():
+    """Prompt lookup's drafts are right or wrong as a whole: here the first token is accepted in 4
+    rounds of 5, and then every later one. One geometric acceptance, fitted on the shorter drafts it
+    picked, under-rated deeper ones: it settled on 3 tokens in 60 of the last 100 steps here (on
+    prompt lookup's real drafts, on 1-2); the first-token and later-token acceptances rate them at
+    what they commit, and once probes have measured the later tokens, k = 4 is the pick (the
+    other picks below: every other probe of a drafting batch runs plain, an anchor)."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 2, 3, 5], [1.0, 1.09, 1.45, 2.2], draft_fixed=0.01, draft_per_level=0.01)
+    s = Sequence("r", [1, 2], SamplingParams(max_tokens=10**6), lambda o: None, slot=next(SLOTS))
+    p.admit(s)
+    picks = []
+    for step in range(200):
+        [k] = p.choose([s])
+        accepted = k if step % 5 else 0
+        p.observe(StepRecord([s], [k], [k], [accepted], [1 if k else 0]))
+        picks.append(k)
+    assert p.acceptance(s) == pytest.approx(0.8, abs=0.1) and p.later_acceptance(s) > 0.9
+    assert picks[100:].count(4) + picks[100:].count(0) == 100 and picks[100:].count(0) <= 100 // (2 * PROBE_EVERY) + 1
 
 
 def test_newcomers_start_at_the_engine_wide_acceptance():

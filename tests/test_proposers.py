@@ -128,7 +128,7 @@ def test_a_catch_up_feeds_only_a_window_and_drafts_as_the_drafter_over_it(kit, m
 def test_backlog_is_what_the_next_catch_up_feeds(kit, method, window, monkeypatch):  # noqa: F811
     """The policy charges a resume with `backlog`: for every drafting row it must be exactly the
     entries the drafter's catch-up forward then runs for it (a newcomer's prompt, a pause, at most
-    the window), and 0 where there is no model to keep in sync."""
+    the window), the tokens prompt lookup's index then records (no window), and 0 for Medusa."""
     monkeypatch.setattr(base, "CATCH_UP_WINDOW", window)
     eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=3, **kit))
     proposer, fed, expected = eng.proposer, [], []
@@ -146,18 +146,26 @@ def test_backlog_is_what_the_next_catch_up_feeds(kit, method, window, monkeypatc
 
     def recording(seqs, ks):
         expected.append({s.slot: proposer.backlog(s) for s, k in zip(seqs, ks) if k})
+        if method == "ngram":
+            before = {s.slot: proposer.index(s).indexed for s, k in zip(seqs, ks) if k}
         fed.append({})
-        return propose(seqs, ks)
+        drafts = propose(seqs, ks)
+        if method == "ngram":
+            fed[-1] = {s.slot: proposer.index(s).indexed - before[s.slot] for s, k in zip(seqs, ks) if k}
+        return drafts
 
     proposer.propose = recording
     rounds = iter(range(10**9))
     eng.policy.choose = lambda seqs: [0 if 2 <= next(rounds) % 20 < 12 else 3 for _ in seqs]  # pauses of 10 rounds
     eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=50, ignore_eos=True))
     backlogs = [b for e in expected for b in e.values()]
-    if model is None:
+    if method == "medusa":
         assert set(backlogs) == {0}
         return
-    assert max(backlogs) == window if window < 10 else 10 < max(backlogs) <= window  # prompts and pauses
+    if method == "ngram":
+        assert max(backlogs) > 10  # prompts and pauses, whole (with the 6-entry window too)
+    else:
+        assert max(backlogs) == window if window < 10 else 10 < max(backlogs) <= window  # prompts and pauses
     for e, f in zip(expected, fed):
         assert {slot: f[slot] for slot in e} == e
 

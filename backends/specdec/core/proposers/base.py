@@ -30,9 +30,9 @@ class Proposer(Protocol):
         """Up to ks[b] draft tokens below each sequence's last token (k = 0: an empty draft)."""
 
     def backlog(self, seq: Sequence) -> int:
-        """Committed entries of seq its next proposal must feed first (its catch-up; at most
-        CATCH_UP_WINDOW): 0 for proposers with no per-sequence model state to keep in sync. The
-        policy charges a paused sequence's resume with it."""
+        """Committed entries of seq its next proposal must feed first, its catch-up (a model
+        drafter's at most CATCH_UP_WINDOW; prompt lookup's index has no window): 0 for proposers
+        with no per-sequence state to keep in sync. The policy charges a resume with it."""
 
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         """seq.tokens gained the accepted path and the bonus token; features() gives the target's
