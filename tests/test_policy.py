@@ -304,6 +304,29 @@ def test_a_probe_that_costs_more_than_its_budget_narrows_the_next_to_one_sequenc
     assert probe_step(p, batch, 0.0) == [1] * 8
 
 
+def test_a_probe_whose_catch_up_would_cost_more_than_its_budget_drafts_one_sequence():
+    """While speculation is off, a probe drafts every row only where their catch-up fits the
+    budget at the fitted cost per entry; before any catch-up was timed, rows with a backlog
+    (a fresh batch's prompts) are probed one at a time. Rows in sync are probed together."""
+    backlogs = {}
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k, backlog=lambda s: backlogs[s.slot])
+    p.cost = compute_bound()
+    batch = seqs(p, 3, 0.6) + seqs(p, 1, 0.7) + seqs(p, 4, 0.6)
+    for s in batch:
+        backlogs[s.slot] = 100
+    assert probe_step(p, batch, 0.0) == [0, 0, 0, 1, 0, 0, 0, 0]  # no catch-up timed yet
+    budget = PROBE_BUDGET * p.cost.verify(len(batch)) * p.probe_gap  # the next probe's, over its gap
+    excess = 8 * (100 - p.steady)
+    p.cost.catch_up_samples.append(0.5 * budget / excess)
+    p.cost.catch_up_per_entry = 0.5 * budget / excess
+    assert probe_step(p, batch, 0.0) == [1] * 8  # half the budget
+    p.cost.catch_up_per_entry = 2.0 * PROBE_BUDGET * p.cost.verify(len(batch)) * p.probe_gap / excess
+    assert probe_step(p, batch, 0.0) == [0, 0, 0, 1, 0, 0, 0, 0]  # twice it
+    for s in batch:
+        backlogs[s.slot] = 1
+    assert probe_step(p, batch, 0.0) == [1] * 8  # in sync
+
+
 def test_a_probe_over_budget_at_batch_1_spaces_the_next_as_far_as_the_budget_needs():
     """At batch 1 a probe cannot be narrowed: one that cost more than its budget (EAGLE catching up
     on a whole prompt and output) moves the next probe out, past MAX_PROBE_GAP, to where its cost
