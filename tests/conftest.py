@@ -3,6 +3,7 @@ tested against the real Hugging Face layout, and a tiny byte-level BPE tokenizer
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -13,6 +14,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
 
 from tiny_checkpoints import make_tokenizer, make_hf_checkpoint  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def collected_heap():
+    """A test that runs the bench or forward_ab in this process freezes the heap
+    (`engine_config.freeze_heap`, for a process that keeps its engines): the suite drops its
+    engines, so the next tests get the collector back over everything."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

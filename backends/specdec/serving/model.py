@@ -25,7 +25,7 @@ import traceback
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specdec.core.engine_config import build_engine
+from specdec.core.engine_config import build_engine, freeze_heap
 from specdec.core.errors import ConfigurationError, SpecdecError
 from specdec.serving import control
 from specdec.serving.config import backend_options, engine_config, placed
@@ -173,6 +173,7 @@ class TritonPythonModel:
                                  args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
             self.stream_interval = backend_options(parameters).stream_interval
             self.engine = build_engine(self.config)
+        freeze_heap()
         self.metrics = Metrics(pb_utils, self.name, self.engine)
         self.ids = itertools.count()
         self.active: dict[int, Stream] = {}

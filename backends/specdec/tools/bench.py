@@ -21,7 +21,7 @@ import torch
 
 from specdec.core.engine import PHASES, Engine, EngineMetrics
 from specdec.core.config import EngineConfig
-from specdec.core.engine_config import build_engine
+from specdec.core.engine_config import build_engine, freeze_heap
 from specdec.tools.kit.evaluate import distinct_n
 from specdec.tools.peer_hf import PAIRS, HFPeer
 from specdec.core.policy import CostModel
@@ -135,6 +135,7 @@ def bench(
     figures: list[MethodFigures] = []
     for batch in batch_sizes:
         engines = {m: build_engine(base.with_(method=m, max_batch=batch)) for m in methods}
+        freeze_heap()
         if batch == batch_sizes[0]:
             curve = verify_cost_curve(engines["baseline"])
             log("target forward time vs tokens (relative to 1): "

@@ -69,7 +69,7 @@ def time_pairs(forwards: dict[str, Callable[[], object]], calls: int) -> dict[st
 def engines_ab(package: str, args: argparse.Namespace) -> None:
     """Whole engines of one method, the earlier commit's against this checkout's."""
     from specdec.core.config import EngineConfig
-    from specdec.core.engine_config import build_engine
+    from specdec.core.engine_config import build_engine, freeze_heap
     from specdec.core.sampling import SamplingParams
     from specdec.tools.bench import kit_paths
     from specdec.tools.prompts import heldout_prompts
@@ -80,6 +80,7 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
     settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
     engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params),
                "this checkout": (build_engine(EngineConfig.of(**settings)), SamplingParams)}
+    freeze_heap()
     prompts = heldout_prompts(8)
 
     def run(engine, params) -> list[list[int]]:
