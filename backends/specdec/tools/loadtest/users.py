@@ -167,9 +167,17 @@ class _State:
         return i, model, -1
 
     def record(self, sample: Sample) -> None:
+        try:
+            self.report(sample)
+        finally:  # a request ends once recorded: a worker then reports its trial drained only after
+            # the samples were sent (counted down first, a sample could be sent after the last
+            # trial's report and be lost when the master quit: in one clean-clone run the server
+            # counted 1 request per model more than the samples)
+            if sample.trial >= 0:
+                self.gate.inflight[sample.trial] -= 1
+
+    def report(self, sample: Sample) -> None:
         o = self.options
-        if sample.trial >= 0:
-            self.gate.inflight[sample.trial] -= 1
         ms = (sample.e2e or 0.0) * 1000
         kind = "gRPC-stream" if sample.protocol == "grpc" else "SSE"
         exc = RuntimeError(sample.error) if sample.error else None
