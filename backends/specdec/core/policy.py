@@ -95,8 +95,8 @@ PROBE_BUDGET = 0.015  # a probe while speculation is off catches the probed rows
 # that bound its cost grew with the gap, and backing off did not shrink it per step on long
 # outputs). When the last such probe, scaled to every row and spread over the steps it covered,
 # cost more than this share of a step, or this one's catch-up would (`catch_up_over_budget`), it
-# drafts only the best-accepting sequence (one row's backlog): EAGLE's two-layer head at batch 8 spent 17-31 ms per all-row probe (about a
-# third of every step it covered); the small draft model's probes stay within budget, and drafting
+# drafts only the best-accepting sequence (one row's backlog): EAGLE's two-layer head at batch 8
+# spent 17-31 ms per all-row probe (about a third of every step it covered); the small draft model's probes stay within budget, and drafting
 # every row is how a batch of 8 learns that drafting pays (1.14-1.29x for the draft model). At a
 # 10% budget, adaptive EAGLE and EAGLE-2 batches of 8 that drafted only in probes ran at 0.91-0.96x
 # of the baseline (`specdec bench`, three runs); at 3% EAGLE's ran 1.06x faster than at 10%
@@ -371,12 +371,17 @@ class Policy:
             return [c if p else min(probe, c) if i in probing else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
         return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
 
+    def catch_up_entries(self, backlog: int) -> int:
+        """Of a drafter's backlog, the entries that are a catch-up: past what a drafting sequence's
+        proposal feeds every step anyway (its accepted tokens and bonus, in the proposal's cost)."""
+        return max(backlog - self.steady, 0)
+
     def catch_up_over_budget(self, seqs: list[Sequence], rows: list[int]) -> bool:
         """Would a probe drafting every one of `rows` (speculation off) catch them up on more than
         PROBE_BUDGET of the steps it covers, at the fitted cost per entry? Before any catch-up was
         timed, a row with a backlog says yes: the first probe of a fresh EAGLE batch of 8 caught
         up on its 8 prompts (509 entries, 37 ms, a quarter of a 128-token bench run)."""
-        excess = sum(max(self.backlog(seqs[i]) - self.steady, 0) for i in rows)
+        excess = sum(self.catch_up_entries(self.backlog(seqs[i])) for i in rows)
         if not excess:
             return False
         if not self.cost.catch_up_samples:
@@ -404,8 +409,8 @@ class Policy:
             return [0.0] * len(seqs)
         charges = []
         for s, cap, alpha, beta in zip(seqs, caps, alphas, betas):
-            excess = self.backlog(s) - self.steady if cap else 0
-            if excess <= 0:
+            excess = self.catch_up_entries(self.backlog(s)) if cap else 0
+            if not excess:
                 charges.append(0.0)
                 continue
             steps_left = (s.params.max_tokens - len(s.output_ids)) / expected_tokens(alpha, self.depth_of[cap], beta)
@@ -532,7 +537,7 @@ class Policy:
         it is a sample of the catch-up's cost per entry, not of the proposal's."""
         if self.cost is None or depth <= 0:
             return
-        excess = sum(b - self.steady for b in backlogs if b > self.steady)
+        excess = sum(self.catch_up_entries(b) for b in backlogs)
         if not excess:
             self.cost.observe_draft(depth, seconds)
         elif excess >= CATCH_UP_MIN_ENTRIES:

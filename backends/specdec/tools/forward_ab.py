@@ -84,9 +84,10 @@ def engines_ab(package: str, args: argparse.Namespace) -> None:
     prompts = heldout_prompts(8)
 
     def run(engine, params) -> list[list[int]]:
+        p = params(max_tokens=args.max_tokens, ignore_eos=True)
         if args.in_flight:
-            return arrivals(engine, params(max_tokens=args.max_tokens, ignore_eos=True), prompts * 6, args.in_flight)
-        return [r.token_ids for r in engine.generate(prompts, params(max_tokens=args.max_tokens, ignore_eos=True))]
+            return arrivals(engine, p, prompts * 6, args.in_flight)
+        return [r.token_ids for r in engine.generate(prompts, p)]
 
     runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
     for e, P in engines.values():
