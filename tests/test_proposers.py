@@ -234,3 +234,31 @@ def test_tree_shape_mask_sees_exactly_the_ancestors():
     assert not shape.is_chain and TreeShape.build([-1, 0, 1]).is_chain
     with pytest.raises(ValueError, match="parents must come before"):
         TreeShape.build([-1, 2, 0])
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle"])
+def test_a_native_chain_drafts_what_the_python_loop_drafts(method, monkeypatch):
+    """Greedy chains past their first token run as one native call (`native.NativeChain`): on
+    the demo kit in float32 (the native path), with rows drafting different lengths, a window
+    restart and EOS forbidden while min_tokens is owed, every draft and every cache entry it
+    writes are the Python loop's bit for bit."""
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+
+    monkeypatch.setattr(base, "CATCH_UP_WINDOW", 24)
+    runs = []
+    for native in (True, False):
+        eng = build_engine(EngineConfig.of(method=method, max_batch=3, policy="fixed", k=5, **kit_paths(DEMO_KIT)))
+        assert eng.proposer.chain is not None
+        if not native:
+            eng.proposer.chain = None
+        eng.proposer.eos_ids = [t for t in range(eng.target.config.vocab_size) if t % 3]  # masked often while owed
+        rounds = iter(range(10**9))
+        eng.policy.choose = lambda seqs: [(next(rounds) // 3 + s.slot) % 6 for s in seqs]  # 0-5, pauses
+        drafts, propose = [], eng.proposer.propose
+        eng.proposer.propose = lambda seqs, ks: drafts.append(propose(seqs, ks)) or drafts[-1]
+        out = eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=60, min_tokens=30))
+        runs.append(([[d.tokens for d in step] for step in drafts], [r.token_ids for r in out], eng.proposer.cache.k))
+    assert any(max(map(len, step)) == 5 for step in runs[0][0])
+    assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
+    assert torch.equal(runs[0][2], runs[1][2])

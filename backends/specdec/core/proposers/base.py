@@ -94,6 +94,12 @@ def catch_up_rows(
     return [s for s, _ in picked], [i for i, (_, drafts) in enumerate(picked) if drafts]
 
 
+def eos_until(seqs: list[Sequence], eos_ids: list[int]) -> list[int]:
+    """Per sequence, the last draft depth (1 = right after the root) at which EOS is forbidden:
+    its draft token there would still be owed to min_tokens (0: none)."""
+    return [s.params.min_tokens - len(s.output_ids) if eos_ids else 0 for s in seqs]
+
+
 def next_draft_tokens(
     seqs: list[Sequence], logits: Tensor, depth: int, eos_ids: list[int]
 ) -> tuple[list[int], list[Tensor | None]]:
@@ -101,7 +107,7 @@ def next_draft_tokens(
     be sampled: greedy rows take the argmax (one host transfer for the whole batch), sampled rows
     draw from their own q, which rejection sampling needs. EOS is forbidden while a sequence still
     owes min_tokens. The one place chain drafters (draft model, EAGLE-1) pick their tokens."""
-    owing = [bool(eos_ids) and len(s.output_ids) + depth - 1 < s.params.min_tokens for s in seqs]
+    owing = [depth <= until for until in eos_until(seqs, eos_ids)]
     if any(owing):
         logits = mask_eos(logits, eos_ids, torch.tensor(owing))
     argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None

@@ -20,7 +20,9 @@ from specdec.core.models.checkpoint import load_model
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.proposers.registry import Target, register, require
-from specdec.core.proposers.base import catch_up_length, catch_up_rows, next_draft_tokens, restart_at_window, window_positions
+from specdec.core.models.native import NativeChain
+from specdec.core.proposers.base import (catch_up_length, catch_up_rows, eos_until, next_draft_tokens, restart_at_window,
+                                        window_positions)
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 
@@ -36,6 +38,7 @@ class DraftModelProposer:
         self.fed: dict[int, int] = {}
         self.drafted: dict[int, int] = {}  # draft tokens fed to the cache by the last proposal
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
+        self.chain = NativeChain.build(model.native, model.model.embed_tokens.weight, model.head)
 
     def depth_for(self, k: int) -> int:
         return min(k, self.max_k)  # a chain
@@ -64,31 +67,52 @@ class DraftModelProposer:
                             lengths=[len(p) for p in pending])
         last = torch.tensor([len(pending[i]) - 1 for i in at], device=device)
         logits = self.model.logits(hidden[torch.tensor(at, device=device), last])  # row i: rows[i]
-        out: dict[int, list[int]] = {b: [] for b in active}
-        qs: dict[int, list[Tensor]] = {b: [] for b in active}
         for s in fed:
             self.fed[s.slot], self.drafted[s.slot] = len(s.tokens), 0
-        slots = [seqs[b].slot for b in active]
-        rows = list(range(len(active)))
-        for depth in range(1, max(ks[b] for b in active) + 1):
-            tokens, row_qs = next_draft_tokens([seqs[active[r]] for r in rows], logits, depth, self.eos_ids)
+        chains, chain_ks = [seqs[b] for b in active], [ks[b] for b in active]
+        if self.chain is not None and all(s.params.greedy for s in chains):
+            found = [Draft.chain(tokens, None) for tokens in self.native_chains(chains, logits, chain_ks)]
+        else:
+            found = self.chains(chains, logits, chain_ks)
+        for b, d in zip(active, found):
+            self.drafted[seqs[b].slot] = ks[b] - 1
+            drafts[b] = d
+        return drafts
+
+    def native_chains(self, seqs: list[Sequence], logits: Tensor, ks: list[int]) -> list[list[int]]:
+        """Greedy chains from the catch-up's logits, every step past the first in one native call."""
+        first, _ = next_draft_tokens(seqs, logits, 1, self.eos_ids)
+        more = [k - 1 for k in ks]
+        if max(more) == 0:
+            return [[t] for t in first]
+        positions = window_positions(self.shift, seqs, [len(s.tokens) for s in seqs])
+        rest = self.chain(first, more, positions, None, self.model.rope, self.cache, [s.slot for s in seqs],
+                          eos_until(seqs, self.eos_ids), self.eos_ids)
+        return [[t] + r for t, r in zip(first, rest)]
+
+    def chains(self, seqs: list[Sequence], logits: Tensor, ks: list[int]) -> list[Draft]:
+        """Chains from the catch-up's logits, one drafter forward per depth (sampled rows draw
+        from their q, which verification needs)."""
+        device = logits.device
+        out: list[list[int]] = [[] for _ in seqs]
+        qs: list[list[Tensor]] = [[] for _ in seqs]
+        rows = list(range(len(seqs)))
+        for depth in range(1, max(ks) + 1):
+            tokens, row_qs = next_draft_tokens([seqs[r] for r in rows], logits, depth, self.eos_ids)
             for r, tok, q in zip(rows, tokens, row_qs):
-                out[active[r]].append(tok)
+                out[r].append(tok)
                 if q is not None:
-                    qs[active[r]].append(q)
-            rows = [r for r in rows if ks[active[r]] > depth]
+                    qs[r].append(q)
+            rows = [r for r in rows if ks[r] > depth]
             if not rows:
                 break
-            rows_seqs = [seqs[active[r]] for r in rows]
+            rows_seqs = [seqs[r] for r in rows]
             pos = window_positions(self.shift, rows_seqs, [len(s.tokens) + depth - 1 for s in rows_seqs])
-            step = torch.tensor([[out[active[r]][-1]] for r in rows], device=device)
+            step = torch.tensor([[out[r][-1]] for r in rows], device=device)
             hidden = self.model(step, torch.tensor(pos, device=device)[:, None], self.cache,
-                                [slots[r] for r in rows], pos)
+                                [s.slot for s in rows_seqs], pos)
             logits = self.model.logits(hidden[:, 0])
-        for b in active:
-            self.drafted[seqs[b].slot] = ks[b] - 1
-            drafts[b] = Draft.chain(out[b], torch.stack(qs[b]) if qs[b] else None)
-        return drafts
+        return [Draft.chain(o, torch.stack(q) if q else None) for o, q in zip(out, qs)]
 
     def backlog(self, seq: Sequence) -> int:
         return catch_up_length(len(seq.tokens), self.fed[seq.slot])

@@ -24,7 +24,9 @@ from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.proposers.base import catch_up_length, catch_up_rows, next_draft_tokens, restart_at_window, window_positions
+from specdec.core.models.native import NativeChain
+from specdec.core.proposers.base import (catch_up_length, catch_up_rows, eos_until, next_draft_tokens, restart_at_window,
+                                        window_positions)
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -53,6 +55,8 @@ class EagleProposer:
         # step at batch 1, for a catch-up that may never come)
         self.pending: dict[int, list[tuple[int, Callable[[], Tensor]]]] = {}
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
+        self.chain = None if tree else NativeChain.build(head.native, target.model.embed_tokens.weight, target.head,
+                                                         head.fc_inference)
 
     def depth_for(self, k: int) -> int:
         k = min(k, self.max_k)
@@ -121,11 +125,28 @@ class EagleProposer:
         batch = [seqs[b] for b in active]
         fed, rows = catch_up_rows(seqs, ks, self.backlog)
         root_features = self.catch_up(fed)[torch.tensor(rows, device=self.head.fc.weight.device)]
-        found = (self.tree_drafts(batch, root_features, [ks[b] for b in active]) if self.tree
-                 else self.chain_drafts(batch, root_features, [ks[b] for b in active]))
+        batch_ks = [ks[b] for b in active]
+        if self.tree:
+            found = self.tree_drafts(batch, root_features, batch_ks)
+        elif self.chain is not None and all(s.params.greedy for s in batch):
+            found = [Draft.chain(tokens, None) for tokens in self.native_chains(batch, root_features, batch_ks)]
+        else:
+            found = self.chain_drafts(batch, root_features, batch_ks)
         for b, d in zip(active, found):
             drafts[b] = d
         return drafts
+
+    def native_chains(self, seqs: list[Sequence], feature: Tensor, ks: list[int]) -> list[list[int]]:
+        """Greedy EAGLE-1 chains from the roots' predicted features, every step past the first in
+        one native call (a head call was ~0.16 ms in the Python loop, `docs/engine.md`)."""
+        first, _ = next_draft_tokens(seqs, self.target.logits(feature), 1, self.eos_ids)
+        more = [k - 1 for k in ks]
+        if max(more) == 0:
+            return [[t] for t in first]
+        positions = window_positions(self.shift, seqs, [len(s.tokens) - 1 for s in seqs])
+        rest = self.chain(first, more, positions, feature.contiguous().clone(), self.head.rope, self.cache,
+                          [s.slot for s in seqs], eos_until(seqs, self.eos_ids), self.eos_ids)
+        return [[t] + r for t, r in zip(first, rest)]
 
     def chain_drafts(self, seqs: list[Sequence], feature: Tensor, ks: list[int]) -> list[Draft]:
         device = feature.device

@@ -72,6 +72,8 @@ def library() -> ctypes.CDLL | None:
     for matmul in (lib.specdec_matmul, lib.specdec_matmul_f16):
         matmul.restype = ctypes.c_int
         matmul.argtypes = [p, i64, i64, p, p, i64, p]
+    lib.specdec_greedy_chain.restype = ctypes.c_int
+    lib.specdec_greedy_chain.argtypes = [p, p, i64, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
     lib.specdec_set_threads.restype = ctypes.c_int
     lib.specdec_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -198,3 +200,59 @@ class NativeDecoder:
         """Whether this forward runs natively: float32 on CPU (the cache too), few enough rows."""
         return (x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu"
                 and x.shape[0] * x.shape[1] <= NATIVE_MAX_ROWS)
+
+
+class _Chain(ctypes.Structure):
+    _fields_ = [("embed", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_f16", ctypes.c_int32),
+                ("vocab", ctypes.c_int64), ("fc", ctypes.c_void_p), ("fc_bias", ctypes.c_void_p),
+                ("fc_f16", ctypes.c_int32)]
+
+
+class NativeChain:
+    """A chain drafter's greedy steps past its first token as one native call
+    (`decoder.c`'s `specdec_greedy_chain`): each step's forward, output head and argmax run
+    without returning to Python. A draft model's one-token step was ~0.1 ms of Python around a
+    ~0.02 ms native forward. `decoder`: the drafter's layers (a draft model's with its final norm);
+    `embed`: the token embeddings [V, H]; `head`: the output head over the forward's output;
+    `fc`: EAGLE's input projection of (embedding, feature), whose output is the next feature."""
+
+    def __init__(self, decoder: NativeDecoder, embed: Tensor, head, fc=None) -> None:
+        self.decoder = decoder
+        self.keep = [embed, head.blocked] + ([] if fc is None else [fc.blocked] + ([] if fc.bias is None else [fc.bias]))
+        self.chain = _Chain(embed.data_ptr(), head.blocked.data_ptr(), head.blocked.dtype == torch.float16,
+                            head.out_features, None if fc is None else fc.blocked.data_ptr(),
+                            None if fc is None or fc.bias is None else fc.bias.data_ptr(),
+                            fc is not None and fc.blocked.dtype == torch.float16)
+        self.chain_ptr = ctypes.addressof(self.chain)
+
+    @staticmethod
+    def build(decoder: NativeDecoder | None, embed: Tensor, head, fc=None) -> "NativeChain | None":
+        """The chain for these parts (`head`, `fc`: `linear.InferenceLinear`s), or None where a part
+        is not native (then the drafter's Python loop runs every step)."""
+        parts = [head] + ([] if fc is None else [fc])
+        if (decoder is None or any(x.blocked is None for x in parts) or embed.device.type != "cpu"
+                or embed.dtype != torch.float32 or not embed.is_contiguous() or head.out_features % 16):
+            return None
+        return NativeChain(decoder, embed.detach(), head, fc)
+
+    def __call__(self, first: list[int], more: list[int], positions: list[int], features: Tensor | None,
+                 rope, cache, slots: list[int], eos_until: list[int], eos_ids: list[int]) -> list[list[int]]:
+        """Row b's draft tokens after `first[b]`: `more[b]` of them, the first fed at positions[b]
+        of slots[b] (then one position further each); `features` [B, H] (EAGLE: the feature
+        `first` was drawn from) is updated in place; EOS is skipped at depths <= eos_until[b]
+        (depth 1: `first`). `rope`: the drafter's `RopeTable`."""
+        B = len(first)
+        cos, sin = rope.table(max(p + m for p, m in zip(positions, more)) + 1, cache.k)
+        width = max(more)
+        out = torch.empty(B, width, dtype=torch.int64)
+        i64 = ctypes.c_int64 * B
+        eos = (ctypes.c_int64 * max(len(eos_ids), 1))(*eos_ids)
+        k, v = cache.k, cache.v
+        rc = self.decoder.lib.specdec_greedy_chain(
+            self.decoder.decoder_ptr, self.chain_ptr, B, i64(*first), i64(*more), i64(*positions),
+            None if features is None else features.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*eos_until), eos,
+            len(eos_ids), out.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"native chain failed with code {rc}")
+        return [row[:m] for row, m in zip(out.tolist(), more)]

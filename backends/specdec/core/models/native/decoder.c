@@ -479,3 +479,86 @@ int specdec_decoder_forward(
     free(rows);
     return 0;
 }
+
+/* A chain drafter's output head and input (`native/__init__.py`'s `NativeChain`). */
+typedef struct {
+    const float *embed;   /* [V, H]: token embeddings */
+    const void *head;     /* [H, V] blocked: the output head */
+    int32_t head_f16;
+    int64_t vocab;
+    const void *fc;       /* [2 H, H] blocked, or NULL: EAGLE's projection of (embedding, feature) */
+    const float *fc_bias; /* [H] or NULL */
+    int32_t fc_f16;
+} Chain;
+
+/* The first index of a row's largest logit, as torch's argmax (a NaN counts as the largest),
+ * skipping the EOS ids where `mask`: a sequence still owing min_tokens may not draft them. */
+static int64_t argmax_row(const float *l, int64_t V, const int64_t *eos, int64_t n_eos, int mask) {
+    int64_t best = -1;
+    float top = 0;
+    for (int64_t i = 0; i < V; i++) {
+        int skip = 0;
+        for (int64_t e = 0; mask && e < n_eos; e++) skip |= eos[e] == i;
+        if (skip) continue;
+        if (best < 0 || l[i] > top || (l[i] != l[i] && top == top)) best = i, top = l[i];
+        if (top != top) break;
+    }
+    return best < 0 ? 0 : best;
+}
+
+/* Greedy chain drafting past its first token, in one call: for each row b, more[b] further draft
+ * tokens, each the argmax of the output head over the drafter's forward of the one before,
+ * fed at positions[b] + j - 1 (window coordinates, as `proposers.base.window_positions`) of slot
+ * slots[b]. Without `fc` (a draft model) the forward's input is the token's embedding and its
+ * output goes through the decoder's final norm; with it (EAGLE-1) the input is fc(embedding,
+ * feature) and the output is the next feature, features[b] updated in place. Row b's token at
+ * depth j + 1 skips the EOS ids while j + 1 <= eos_until[b]. out [B, max more]: row b's tokens
+ * at depths 2 .. more[b] + 1. Each forward and head matmul is the one the Python loop ran, so
+ * tokens and cache entries are its own bit for bit; what goes is its ~0.1 ms of Python a depth. */
+int specdec_greedy_chain(
+    const Decoder *d, const Chain *c, int64_t B,
+    const int64_t *first, const int64_t *more, const int64_t *positions, float *features,
+    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride, int64_t slot_stride,
+    const int64_t *slots, const int64_t *eos_until, const int64_t *eos, int64_t n_eos, int64_t *out
+) {
+    const int64_t H = d->hidden, V = c->vocab;
+    int64_t M = 0;
+    for (int64_t b = 0; b < B; b++) M = more[b] > M ? more[b] : M;
+    if (V % 16 || (c->fc == NULL) != (features == NULL)) return -1;
+    int64_t *idx = malloc(sizeof(int64_t) * 3 * (B + 1));
+    float *buf = malloc(sizeof(float) * (B * H + B * 2 * H + B * V + 16));
+    if (!idx || !buf) { free(idx); free(buf); return -2; }
+    int64_t *rows = idx, *pos = idx + B + 1, *row_slots = idx + 2 * (B + 1);
+    float *x = buf, *cat = x + B * H, *logits = cat + B * 2 * H;
+    int rc = 0;
+    for (int64_t j = 1; j <= M && rc == 0; j++) {
+        int64_t R = 0;
+        for (int64_t b = 0; b < B; b++)
+            if (more[b] >= j) rows[R] = b, pos[R] = positions[b] + j - 1, row_slots[R] = slots[b], R++;
+        for (int64_t r = 0; r < R; r++) {
+            int64_t b = rows[r], tok = j == 1 ? first[b] : out[b * M + j - 2];
+            if (tok < 0 || tok >= V) { rc = -3; break; }
+            if (c->fc) {
+                memcpy(cat + r * 2 * H, c->embed + tok * H, H * sizeof(float));
+                memcpy(cat + r * 2 * H + H, features + b * H, H * sizeof(float));
+            } else {
+                memcpy(x + r * H, c->embed + tok * H, H * sizeof(float));
+            }
+        }
+        if (rc) break;
+        if (c->fc) matmul_any(c->fc_f16, cat, R, 2 * H, c->fc, c->fc_bias, H, x);
+        rc = specdec_decoder_forward(d, x, R, 1, pos, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
+                                     row_slots, pos, NULL, NULL, 1);
+        if (rc) break;
+        if (c->fc)
+            for (int64_t r = 0; r < R; r++) memcpy(features + rows[r] * H, x + r * H, H * sizeof(float));
+        matmul_any(c->head_f16, x, R, H, c->head, NULL, V, logits);
+        for (int64_t r = 0; r < R; r++) {
+            int64_t b = rows[r];
+            out[b * M + j - 1] = argmax_row(logits + r * V, V, eos, n_eos, j + 1 <= eos_until[b]);
+        }
+    }
+    free(buf);
+    free(idx);
+    return rc;
+}
