@@ -55,40 +55,35 @@ class DraftModelProposer:
         active = [b for b, k in enumerate(ks) if k > 0]
         if not active:
             return drafts
-        device = self.model.lm_head.weight.device
         fed, at = catch_up_rows(seqs, ks, self.backlog)
         for s in fed:
             restart_at_window(self.fed, self.shift, s.slot, len(s.tokens))
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
         starts = window_positions(self.shift, fed, [self.fed[s.slot] for s in fed])
-        tokens = pad_batch(pending, device)
-        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
-        hidden = self.model(tokens, positions, self.cache, [s.slot for s in fed], starts,
-                            lengths=[len(p) for p in pending])
-        last = torch.tensor([len(pending[i]) - 1 for i in at], device=device)
-        logits = self.model.logits(hidden[torch.tensor(at, device=device), last])  # row i: rows[i]
+        chains, chain_ks = [seqs[b] for b in active], [ks[b] for b in active]
+        if self.chain is not None and all(s.params.greedy for s in chains) and self.chain.takes(pending):
+            tokens = self.chain(pending, starts, None, at, chain_ks, self.model.rope, self.cache, [s.slot for s in fed],
+                                eos_until(fed, self.eos_ids), self.eos_ids)
+            found = [Draft.chain(t, None) for t in tokens]
+        else:
+            found = self.chains(chains, self.catch_up(fed, at, pending, starts), chain_ks)
         for s in fed:
             self.fed[s.slot], self.drafted[s.slot] = len(s.tokens), 0
-        chains, chain_ks = [seqs[b] for b in active], [ks[b] for b in active]
-        if self.chain is not None and all(s.params.greedy for s in chains):
-            found = [Draft.chain(tokens, None) for tokens in self.native_chains(chains, logits, chain_ks)]
-        else:
-            found = self.chains(chains, logits, chain_ks)
         for b, d in zip(active, found):
             self.drafted[seqs[b].slot] = ks[b] - 1
             drafts[b] = d
         return drafts
 
-    def native_chains(self, seqs: list[Sequence], logits: Tensor, ks: list[int]) -> list[list[int]]:
-        """Greedy chains from the catch-up's logits, every step past the first in one native call."""
-        first, _ = next_draft_tokens(seqs, logits, 1, self.eos_ids)
-        more = [k - 1 for k in ks]
-        if max(more) == 0:
-            return [[t] for t in first]
-        positions = window_positions(self.shift, seqs, [len(s.tokens) for s in seqs])
-        rest = self.chain(first, more, positions, None, self.model.rope, self.cache, [s.slot for s in seqs],
-                          eos_until(seqs, self.eos_ids), self.eos_ids)
-        return [[t] + r for t, r in zip(first, rest)]
+    def catch_up(self, fed: list[Sequence], at: list[int], pending: list[list[int]], starts: list[int]) -> Tensor:
+        """Feed the rows' pending tokens at window positions `starts` on; the logits after the
+        last one of each drafting row (`at`: their rows among `fed`)."""
+        device = self.model.lm_head.weight.device
+        tokens = pad_batch(pending, device)
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(tokens.shape[1], device=device)
+        hidden = self.model(tokens, positions, self.cache, [s.slot for s in fed], starts,
+                            lengths=[len(p) for p in pending])
+        last = torch.tensor([len(pending[i]) - 1 for i in at], device=device)
+        return self.model.logits(hidden[torch.tensor(at, device=device), last])  # row i: at[i]
 
     def chains(self, seqs: list[Sequence], logits: Tensor, ks: list[int]) -> list[Draft]:
         """Chains from the catch-up's logits, one drafter forward per depth (sampled rows draw

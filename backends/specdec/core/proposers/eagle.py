@@ -100,21 +100,27 @@ class EagleProposer:
             drop = max(drop - n, 0)
         return torch.cat(kept)
 
-    def catch_up(self, seqs: list[Sequence]) -> Tensor:
-        """Feed every sequence's pending true-feature pairs; return the predicted feature of its root."""
-        device = self.head.fc.weight.device
+    def catch_up_inputs(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Tensor], list[int]]:
+        """Every sequence's pending pairs, now counted as fed: their tokens, their true features
+        [n, H] and the window position of the first."""
         feats = [self.pending_features(s) for s in seqs]
         starts = [self.fed[s.slot] for s in seqs]
-        tokens = pad_batch([s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)], device)
-        width = tokens.shape[1]
-        features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
+        tokens = [s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)]
         at = window_positions(self.shift, seqs, starts)
-        positions = torch.tensor(at, device=device)[:, None] + torch.arange(width, device=device)
-        out = self.head(self.embed(tokens), features, positions, self.cache, [s.slot for s in seqs], at,
-                        lengths=[len(f) for f in feats])
         for s, st, f in zip(seqs, starts, feats):
             self.fed[s.slot] = st + len(f)
             self.pending[s.slot] = []
+        return tokens, feats, at
+
+    def catch_up(self, seqs: list[Sequence], tokens: list[list[int]], feats: list[Tensor], at: list[int]) -> Tensor:
+        """Feed every sequence's pending pairs (`catch_up_inputs`); return the predicted feature of its root."""
+        device = self.head.fc.weight.device
+        padded = pad_batch(tokens, device)
+        width = padded.shape[1]
+        features = torch.stack([torch.cat([f, f.new_zeros(width - len(f), f.shape[-1])]) for f in feats])
+        positions = torch.tensor(at, device=device)[:, None] + torch.arange(width, device=device)
+        out = self.head(self.embed(padded), features, positions, self.cache, [s.slot for s in seqs], at,
+                        lengths=[len(f) for f in feats])
         return out[torch.arange(len(seqs)), torch.tensor([len(f) - 1 for f in feats])]
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
@@ -122,31 +128,20 @@ class EagleProposer:
         active = [b for b, k in enumerate(ks) if k > 0]
         if not active:
             return drafts
-        batch = [seqs[b] for b in active]
+        batch, batch_ks = [seqs[b] for b in active], [ks[b] for b in active]
         fed, rows = catch_up_rows(seqs, ks, self.backlog)
-        root_features = self.catch_up(fed)[torch.tensor(rows, device=self.head.fc.weight.device)]
-        batch_ks = [ks[b] for b in active]
-        if self.tree:
-            found = self.tree_drafts(batch, root_features, batch_ks)
-        elif self.chain is not None and all(s.params.greedy for s in batch):
-            found = [Draft.chain(tokens, None) for tokens in self.native_chains(batch, root_features, batch_ks)]
+        tokens, feats, at = self.catch_up_inputs(fed)
+        if self.chain is not None and all(s.params.greedy for s in batch) and self.chain.takes(tokens):
+            chains = self.chain(tokens, at, feats, rows, batch_ks, self.head.rope, self.cache, [s.slot for s in fed],
+                                eos_until(fed, self.eos_ids), self.eos_ids)
+            found = [Draft.chain(t, None) for t in chains]
         else:
-            found = self.chain_drafts(batch, root_features, batch_ks)
+            root_features = self.catch_up(fed, tokens, feats, at)[torch.tensor(rows, device=self.head.fc.weight.device)]
+            found = (self.tree_drafts(batch, root_features, batch_ks) if self.tree
+                     else self.chain_drafts(batch, root_features, batch_ks))
         for b, d in zip(active, found):
             drafts[b] = d
         return drafts
-
-    def native_chains(self, seqs: list[Sequence], feature: Tensor, ks: list[int]) -> list[list[int]]:
-        """Greedy EAGLE-1 chains from the roots' predicted features, every step past the first in
-        one native call (a head call was ~0.16 ms in the Python loop, `docs/engine.md`)."""
-        first, _ = next_draft_tokens(seqs, self.target.logits(feature), 1, self.eos_ids)
-        more = [k - 1 for k in ks]
-        if max(more) == 0:
-            return [[t] for t in first]
-        positions = window_positions(self.shift, seqs, [len(s.tokens) - 1 for s in seqs])
-        rest = self.chain(first, more, positions, feature.contiguous().clone(), self.head.rope, self.cache,
-                          [s.slot for s in seqs], eos_until(seqs, self.eos_ids), self.eos_ids)
-        return [[t] + r for t, r in zip(first, rest)]
 
     def chain_drafts(self, seqs: list[Sequence], feature: Tensor, ks: list[int]) -> list[Draft]:
         device = feature.device

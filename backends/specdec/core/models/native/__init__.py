@@ -72,8 +72,8 @@ def library() -> ctypes.CDLL | None:
     for matmul in (lib.specdec_matmul, lib.specdec_matmul_f16):
         matmul.restype = ctypes.c_int
         matmul.argtypes = [p, i64, i64, p, p, i64, p]
-    lib.specdec_greedy_chain.restype = ctypes.c_int
-    lib.specdec_greedy_chain.argtypes = [p, p, i64, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
+    lib.specdec_greedy_draft.restype = ctypes.c_int
+    lib.specdec_greedy_draft.argtypes = [p, p, i64, i64, p, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
     lib.specdec_set_threads.restype = ctypes.c_int
     lib.specdec_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -209,12 +209,12 @@ class _Chain(ctypes.Structure):
 
 
 class NativeChain:
-    """A chain drafter's greedy steps past its first token as one native call
-    (`decoder.c`'s `specdec_greedy_chain`): each step's forward, output head and argmax run
-    without returning to Python. A draft model's one-token step was ~0.1 ms of Python around a
-    ~0.02 ms native forward. `decoder`: the drafter's layers (a draft model's with its final norm);
-    `embed`: the token embeddings [V, H]; `head`: the output head over the forward's output;
-    `fc`: EAGLE's input projection of (embedding, feature), whose output is the next feature."""
+    """A greedy chain drafter's proposal as one native call (`decoder.c`'s `specdec_greedy_draft`):
+    its catch-up forward, then each depth's forward, output head and argmax, without returning
+    to Python. A draft model's one-token step was ~0.1 ms of Python around a ~0.02 ms native
+    forward. `decoder`: the drafter's layers (a draft model's with its final norm); `embed`: the
+    token embeddings [V, H]; `head`: the output head over a forward's output; `fc`: EAGLE's input
+    projection of (embedding, feature), whose output is the next feature."""
 
     def __init__(self, decoder: NativeDecoder, embed: Tensor, head, fc=None) -> None:
         self.decoder = decoder
@@ -228,31 +228,46 @@ class NativeChain:
     @staticmethod
     def build(decoder: NativeDecoder | None, embed: Tensor, head, fc=None) -> "NativeChain | None":
         """The chain for these parts (`head`, `fc`: `linear.InferenceLinear`s), or None where a part
-        is not native (then the drafter's Python loop runs every step)."""
+        is not native (then the drafter's Python runs every proposal)."""
         parts = [head] + ([] if fc is None else [fc])
         if (decoder is None or any(x.blocked is None for x in parts) or embed.device.type != "cpu"
                 or embed.dtype != torch.float32 or not embed.is_contiguous() or head.out_features % 16):
             return None
         return NativeChain(decoder, embed.detach(), head, fc)
 
-    def __call__(self, first: list[int], more: list[int], positions: list[int], features: Tensor | None,
-                 rope, cache, slots: list[int], eos_until: list[int], eos_ids: list[int]) -> list[list[int]]:
-        """Row b's draft tokens after `first[b]`: `more[b]` of them, the first fed at positions[b]
-        of slots[b] (then one position further each); `features` [B, H] (EAGLE: the feature
-        `first` was drawn from) is updated in place; EOS is skipped at depths <= eos_until[b]
-        (depth 1: `first`). `rope`: the drafter's `RopeTable`."""
-        B = len(first)
-        cos, sin = rope.table(max(p + m for p, m in zip(positions, more)) + 1, cache.k)
-        width = max(more)
+    @staticmethod
+    def takes(pending: list[list[int]]) -> bool:
+        """Whether a catch-up of these rows runs here: as many rows as a native forward takes
+        (a longer one, a prompt's, goes to the eager layers, as the drafter's Python sends it)."""
+        return len(pending) * max(map(len, pending)) <= NATIVE_MAX_ROWS
+
+    def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],
+                 draft_ks: list[int], rope, cache, slots: list[int], eos_until: list[int],
+                 eos_ids: list[int]) -> list[list[int]]:
+        """Row b feeds its pending tokens (EAGLE: each paired with a true feature, pairs[b] [n, H])
+        at window positions starts[b] .. of slots[b]; rows drafting[i] then draft draft_ks[i]
+        tokens each (the others only catch up), returned in that order. EOS is skipped at depths
+        <= eos_until[b]. `rope`: the drafter's `RopeTable`."""
+        B, T = len(pending), max(map(len, pending))
+        ks = [0] * B
+        for b, k in zip(drafting, draft_ks):
+            ks[b] = k
+        cos, sin = rope.table(max(s + len(p) + k for s, p, k in zip(starts, pending, ks)), cache.k)
+        width = max(max(ks), 1)
         out = torch.empty(B, width, dtype=torch.int64)
         i64 = ctypes.c_int64 * B
+        tokens = (ctypes.c_int64 * (B * T))(*[t for p in pending for t in p + [0] * (T - len(p))])
+        if pairs is not None:
+            pairs = [f.contiguous() for f in pairs]
+            pair_ptrs = (ctypes.c_void_p * B)(*[f.data_ptr() for f in pairs])
         eos = (ctypes.c_int64 * max(len(eos_ids), 1))(*eos_ids)
         k, v = cache.k, cache.v
-        rc = self.decoder.lib.specdec_greedy_chain(
-            self.decoder.decoder_ptr, self.chain_ptr, B, i64(*first), i64(*more), i64(*positions),
-            None if features is None else features.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        rc = self.decoder.lib.specdec_greedy_draft(
+            self.decoder.decoder_ptr, self.chain_ptr, B, T, tokens, i64(*map(len, pending)), i64(*starts),
+            None if pairs is None else pair_ptrs, i64(*ks), cos.data_ptr(), sin.data_ptr(),
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*eos_until), eos,
             len(eos_ids), out.data_ptr())
         if rc != 0:
             raise RuntimeError(f"native chain failed with code {rc}")
-        return [row[:m] for row, m in zip(out.tolist(), more)]
+        rows = out.tolist()
+        return [rows[b][:k] for b, k in zip(drafting, draft_ks)]

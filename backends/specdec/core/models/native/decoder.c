@@ -506,56 +506,90 @@ static int64_t argmax_row(const float *l, int64_t V, const int64_t *eos, int64_t
     return best < 0 ? 0 : best;
 }
 
-/* Greedy chain drafting past its first token, in one call: for each row b, more[b] further draft
- * tokens, each the argmax of the output head over the drafter's forward of the one before,
- * fed at positions[b] + j - 1 (window coordinates, as `proposers.base.window_positions`) of slot
- * slots[b]. Without `fc` (a draft model) the forward's input is the token's embedding and its
- * output goes through the decoder's final norm; with it (EAGLE-1) the input is fc(embedding,
- * feature) and the output is the next feature, features[b] updated in place. Row b's token at
- * depth j + 1 skips the EOS ids while j + 1 <= eos_until[b]. out [B, max more]: row b's tokens
- * at depths 2 .. more[b] + 1. Each forward and head matmul is the one the Python loop ran, so
- * tokens and cache entries are its own bit for bit; what goes is its ~0.1 ms of Python a depth. */
-int specdec_greedy_chain(
-    const Decoder *d, const Chain *c, int64_t B,
-    const int64_t *first, const int64_t *more, const int64_t *positions, float *features,
-    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride, int64_t slot_stride,
-    const int64_t *slots, const int64_t *eos_until, const int64_t *eos, int64_t n_eos, int64_t *out
+/* A greedy chain drafter's proposal in one call: its catch-up, then its chains. Row b feeds its
+ * lengths[b] pending entries (`tokens` [B, T], right-padded; with `fc`, EAGLE-1's, each paired
+ * with a true feature, pairs[b] [lengths[b], H]) at window positions starts[b] .. (as
+ * `proposers.base.window_positions`) of slot slots[b], then drafts ks[b] tokens (0: it only
+ * catches up): each the argmax of the output head over the forward before, the next fed one
+ * position further. Without `fc` (a draft model) a forward's input is the token's embedding and
+ * its output goes through the decoder's final norm; with it the input is fc(embedding, feature)
+ * and the output is the next feature. Row b's draft token at depth j (1 = right after the root)
+ * skips the EOS ids while j <= eos_until[b]. out [B, max ks]: row b's draft tokens. Each forward
+ * and head matmul is the one the proposer's Python ran, so tokens and cache entries are its own
+ * bit for bit; what goes is the Python around them (a draft model's one-token step was ~0.1 ms
+ * of it around a ~0.02 ms forward). */
+int specdec_greedy_draft(
+    const Decoder *d, const Chain *c, int64_t B, int64_t T,
+    const int64_t *tokens, const int64_t *lengths, const int64_t *starts, const float *const *pairs,
+    const int64_t *ks, const float *cos, const float *sin, float *k_cache, float *v_cache,
+    int64_t layer_stride, int64_t slot_stride, const int64_t *slots,
+    const int64_t *eos_until, const int64_t *eos, int64_t n_eos, int64_t *out
 ) {
     const int64_t H = d->hidden, V = c->vocab;
-    int64_t M = 0;
-    for (int64_t b = 0; b < B; b++) M = more[b] > M ? more[b] : M;
-    if (V % 16 || (c->fc == NULL) != (features == NULL)) return -1;
-    int64_t *idx = malloc(sizeof(int64_t) * 3 * (B + 1));
-    float *buf = malloc(sizeof(float) * (B * H + B * 2 * H + B * V + 16));
+    int64_t M = 0, R = 0;
+    for (int64_t b = 0; b < B; b++) {
+        M = ks[b] > M ? ks[b] : M;
+        if (lengths[b] < 1 || lengths[b] > T) return -1;
+        R += lengths[b];
+    }
+    if (V % 16 || (c->fc == NULL) != (pairs == NULL)) return -1;
+    int64_t *idx = malloc(sizeof(int64_t) * (B * T + 3 * B + 3));
+    float *buf = malloc(sizeof(float) * (B * T * H + (c->fc ? R * 3 * H : 0) + 2 * B * H + B * V + 16));
     if (!idx || !buf) { free(idx); free(buf); return -2; }
-    int64_t *rows = idx, *pos = idx + B + 1, *row_slots = idx + 2 * (B + 1);
-    float *x = buf, *cat = x + B * H, *logits = cat + B * 2 * H;
+    int64_t *pos = idx, *rows = pos + B * T, *row_pos = rows + B + 1, *row_slots = row_pos + B + 1;
+    float *x = buf, *feature = x + B * T * H, *h = feature + B * H, *logits = h + B * H, *cat = logits + B * V;
     int rc = 0;
-    for (int64_t j = 1; j <= M && rc == 0; j++) {
-        int64_t R = 0;
-        for (int64_t b = 0; b < B; b++)
-            if (more[b] >= j) rows[R] = b, pos[R] = positions[b] + j - 1, row_slots[R] = slots[b], R++;
-        for (int64_t r = 0; r < R; r++) {
-            int64_t b = rows[r], tok = j == 1 ? first[b] : out[b * M + j - 2];
+    /* the catch-up: every row's pending entries in one forward */
+    for (int64_t b = 0, n = 0; b < B && rc == 0; b++)
+        for (int64_t i = 0; i < lengths[b]; i++, n++) {
+            int64_t tok = tokens[b * T + i];
+            pos[b * T + i] = starts[b] + i;
             if (tok < 0 || tok >= V) { rc = -3; break; }
             if (c->fc) {
-                memcpy(cat + r * 2 * H, c->embed + tok * H, H * sizeof(float));
-                memcpy(cat + r * 2 * H + H, features + b * H, H * sizeof(float));
+                memcpy(cat + n * 2 * H, c->embed + tok * H, H * sizeof(float));
+                memcpy(cat + n * 2 * H + H, pairs[b] + i * H, H * sizeof(float));
             } else {
-                memcpy(x + r * H, c->embed + tok * H, H * sizeof(float));
+                memcpy(x + (b * T + i) * H, c->embed + tok * H, H * sizeof(float));
             }
         }
-        if (rc) break;
-        if (c->fc) matmul_any(c->fc_f16, cat, R, 2 * H, c->fc, c->fc_bias, H, x);
-        rc = specdec_decoder_forward(d, x, R, 1, pos, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
-                                     row_slots, pos, NULL, NULL, 1);
-        if (rc) break;
-        if (c->fc)
-            for (int64_t r = 0; r < R; r++) memcpy(features + rows[r] * H, x + r * H, H * sizeof(float));
-        matmul_any(c->head_f16, x, R, H, c->head, NULL, V, logits);
-        for (int64_t r = 0; r < R; r++) {
+    if (rc == 0 && c->fc) {
+        float *projected = cat + R * 2 * H;
+        matmul_any(c->fc_f16, cat, R, 2 * H, c->fc, c->fc_bias, H, projected);
+        for (int64_t b = 0, n = 0; b < B; n += lengths[b], b++)
+            memcpy(x + b * T * H, projected + n * H, lengths[b] * H * sizeof(float));
+    }
+    if (rc == 0)
+        rc = specdec_decoder_forward(d, x, B, T, pos, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
+                                     slots, starts, lengths, NULL, T);
+    for (int64_t b = 0; b < B && rc == 0; b++)  /* each row's last output: its next feature (EAGLE) */
+        memcpy(feature + b * H, x + (b * T + lengths[b] - 1) * H, H * sizeof(float));
+    /* then the chains: depth j's token from the forward of depth j - 1's (the catch-up's at j = 1) */
+    for (int64_t j = 1; j <= M && rc == 0; j++) {
+        int64_t n = 0;
+        for (int64_t b = 0; b < B; b++)
+            if (ks[b] >= j) rows[n] = b, row_pos[n] = starts[b] + lengths[b] + j - 2, row_slots[n] = slots[b], n++;
+        if (j > 1) {
+            for (int64_t r = 0; r < n; r++) {
+                int64_t b = rows[r], tok = out[b * M + j - 2];
+                if (c->fc) {
+                    memcpy(cat + r * 2 * H, c->embed + tok * H, H * sizeof(float));
+                    memcpy(cat + r * 2 * H + H, feature + b * H, H * sizeof(float));
+                } else {
+                    memcpy(h + r * H, c->embed + tok * H, H * sizeof(float));
+                }
+            }
+            if (c->fc) matmul_any(c->fc_f16, cat, n, 2 * H, c->fc, c->fc_bias, H, h);
+            rc = specdec_decoder_forward(d, h, n, 1, row_pos, cos, sin, k_cache, v_cache, layer_stride,
+                                         slot_stride, row_slots, row_pos, NULL, NULL, 1);
+            if (rc) break;
+            for (int64_t r = 0; r < n; r++) memcpy(feature + rows[r] * H, h + r * H, H * sizeof(float));
+        } else {
+            for (int64_t r = 0; r < n; r++) memcpy(h + r * H, feature + rows[r] * H, H * sizeof(float));
+        }
+        matmul_any(c->head_f16, h, n, H, c->head, NULL, V, logits);
+        for (int64_t r = 0; r < n; r++) {
             int64_t b = rows[r];
-            out[b * M + j - 1] = argmax_row(logits + r * V, V, eos, n_eos, j + 1 <= eos_until[b]);
+            out[b * M + j - 1] = argmax_row(logits + r * V, V, eos, n_eos, j <= eos_until[b]);
         }
     }
     free(buf);
