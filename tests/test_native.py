@@ -193,6 +193,21 @@ def test_a_linear_sends_few_rows_to_the_native_matmul_and_many_to_onednn(monkeyp
         assert got == want, out_features
 
 
+@pytest.mark.parametrize("out_features", [16, 32, 48, 80])
+@pytest.mark.parametrize("half", [False, True])
+def test_outputs_narrower_than_a_64_column_block_are_computed(out_features, half):
+    """Outputs of 16-48 columns are remainder blocks only: the matmul once split them into no
+    parts at all and returned uninitialized memory (a 32-wide model's projections)."""
+    torch.manual_seed(0)
+    weight = torch.randn(out_features, 96)
+    weight = weight.half().float() if half else weight
+    layer = InferenceLinear(weight)
+    assert layer.blocked.dtype == (torch.float16 if half else torch.float32)
+    for rows in (1, 7, 200):
+        x = torch.randn(rows, 96)
+        assert torch.allclose(layer(x), x @ weight.T, atol=1e-4)
+
+
 def test_prefill_float64_and_odd_shapes_stay_eager(tiny_target, tiny_draft):
     model = load_model(tiny_target)
     x = torch.zeros(1, native.NATIVE_MAX_ROWS + 1, 64)

@@ -266,11 +266,13 @@ static void matmul_part(void *arg, int p, int parts) {
 }
 
 /* out [R, M] = x [R, N] @ wt + bias, float16 or float32 weights; split over the pool's threads
- * where there are at least two 64-column blocks to share. */
+ * where there are at least two 64-column blocks to share (one part below 64 columns: with none,
+ * an output of 16-48 columns was never computed). */
 static void matmul_any(int f16, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
                        int64_t M, float *out) {
     MatmulJob j = {f16, x, R, N, wt, bias, M, out};
-    parallel(matmul_part, &j, (int)(M / 64 < MAX_THREADS ? M / 64 : MAX_THREADS));
+    int64_t parts = M / 64 < MAX_THREADS ? M / 64 : MAX_THREADS;
+    parallel(matmul_part, &j, (int)(parts > 1 ? parts : 1));
 }
 
 /* A decoder's matmul: its weights' type decides the kernel. */
