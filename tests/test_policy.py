@@ -233,13 +233,16 @@ def test_seeded_sampled_requests_keep_their_cap_under_load():
     assert p.choose(batch) == [0] * 6 + [4, 2, 0, 0]
 
 
-def test_probes_go_one_candidate_deeper_than_the_pick():
+def test_probes_go_one_candidate_deeper_than_the_pick_and_at_least_two():
+    """A probe of a paused batch drafts 2 tokens, not 1: one token measures neither beta nor how
+    the proposal's cost grows with depth, and a draft model paused from its start at batch 1 then
+    never learned that k = 4 paid (adaptive 1.03x where fixed k = 4 ran 1.21x)."""
     p = Policy(max_k=61, adaptive=True, depth_for=lambda k: min(k, 5))  # a 61-node tree
     p.cost = compute_bound()
     batch = seqs(p, 8, 0.6)
     assert p.choose(batch) == [0] * 8
     p.steps = 2 * PROBE_EVERY - 1
-    assert p.choose(batch) == [1] * 8  # not 61 nodes each: a probe must stay cheap at high load
+    assert p.choose(batch) == [2] * 8  # not 61 nodes each: a probe must stay cheap at high load
 
 
 def test_while_the_batch_drafts_every_other_probe_runs_it_plain():
@@ -295,13 +298,13 @@ def test_a_probe_that_costs_more_than_its_budget_narrows_the_next_to_one_sequenc
     batch = seqs(p, 3, 0.6) + seqs(p, 1, 0.7) + seqs(p, 4, 0.6)
     step = p.cost.verify(len(batch))
     cheap = 0.5 * PROBE_BUDGET * step * PROBE_EVERY  # half the budget over the first gap
-    assert probe_step(p, batch, cheap) == [1] * 8
+    assert probe_step(p, batch, cheap) == [2] * 8
     expensive = 1.5 * PROBE_BUDGET * step * 2 * PROBE_EVERY  # 1.5x the budget over the second gap
-    assert probe_step(p, batch, expensive) == [1] * 8  # every row still: the last probe was within budget
+    assert probe_step(p, batch, expensive) == [2] * 8  # every row still: the last probe was within budget
     # that one went over the budget: the next probe drafts only the best-accepting row,
-    assert probe_step(p, batch, expensive / 8) == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert probe_step(p, batch, expensive / 8) == [0, 0, 0, 2, 0, 0, 0, 0]
     # and is judged as if it had drafted every row: 8 x expensive / 8 over twice the steps, within
-    assert probe_step(p, batch, 0.0) == [1] * 8
+    assert probe_step(p, batch, 0.0) == [2] * 8
 
 
 def test_a_probe_whose_catch_up_would_cost_more_than_its_budget_drafts_one_sequence():
@@ -314,17 +317,17 @@ def test_a_probe_whose_catch_up_would_cost_more_than_its_budget_drafts_one_seque
     batch = seqs(p, 3, 0.6) + seqs(p, 1, 0.7) + seqs(p, 4, 0.6)
     for s in batch:
         backlogs[s.slot] = 100
-    assert probe_step(p, batch, 0.0) == [0, 0, 0, 1, 0, 0, 0, 0]  # no catch-up timed yet
+    assert probe_step(p, batch, 0.0) == [0, 0, 0, 2, 0, 0, 0, 0]  # no catch-up timed yet
     budget = PROBE_BUDGET * p.cost.verify(len(batch)) * p.probe_gap  # the next probe's, over its gap
     excess = 8 * (100 - p.steady)
     p.cost.catch_up_samples.append(0.5 * budget / excess)
     p.cost.catch_up_per_entry = 0.5 * budget / excess
-    assert probe_step(p, batch, 0.0) == [1] * 8  # half the budget
+    assert probe_step(p, batch, 0.0) == [2] * 8  # half the budget
     p.cost.catch_up_per_entry = 2.0 * PROBE_BUDGET * p.cost.verify(len(batch)) * p.probe_gap / excess
-    assert probe_step(p, batch, 0.0) == [0, 0, 0, 1, 0, 0, 0, 0]  # twice it
+    assert probe_step(p, batch, 0.0) == [0, 0, 0, 2, 0, 0, 0, 0]  # twice it
     for s in batch:
         backlogs[s.slot] = 1
-    assert probe_step(p, batch, 0.0) == [1] * 8  # in sync
+    assert probe_step(p, batch, 0.0) == [2] * 8  # in sync
 
 
 def test_a_probe_over_budget_at_batch_1_spaces_the_next_as_far_as_the_budget_needs():
@@ -378,7 +381,7 @@ def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_ba
     for _ in range(PROBE_EVERY - 1):
         assert p.choose(batch) == [0, 0]
     assert searches == list(range(1, PROBE_EVERY, PAUSED_RECHECK))
-    assert p.choose(batch[:1]) == [1] and searches[-1] == p.steps  # a new batch (a probe step: one deeper)
+    assert p.choose(batch[:1]) == [2] and searches[-1] == p.steps  # a new batch (a probe step: 2 deep)
     p.cost = memory_bound()
     resumed = next(n for n in range(1, PAUSED_RECHECK + 2) if min(p.choose(batch)) > 0)
     assert resumed <= PAUSED_RECHECK
@@ -461,3 +464,19 @@ def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain
     for n in [1] * policy.SHAPE_SAMPLES + [9] * policy.SHAPE_FRESH + [8] * policy.SHAPE_SAMPLES:
         stale.observe_shape(n, 3.0 if n == 8 else 1.0, plain=1)
     assert stale.verify_at_calibration(8) == 1.1  # the plain steps are too old to compare with
+
+
+def test_a_few_accepted_probes_lift_the_engine_wide_acceptance_from_its_prior():
+    """The engine-wide acceptances are counts with the prior's weight (PRIOR_TRIALS), not an EMA
+    that starts at the prior with the weight of ~13 rounds: three fully accepted 4-token rounds
+    (a paused draft model's probes) take alpha from 0.6 past 0.8 and beta past 0.85 (the EMA: 0.69)."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    s = Sequence("r", [1, 2], SamplingParams(), lambda o: None, slot=next(SLOTS))
+    p.admit(s)
+    assert p.alpha == p.beta == policy.PRIOR_ALPHA
+    for _ in range(3):
+        p.observe_round(p.slots[s.slot], 4, 4)
+    assert p.alpha > 0.8 and p.beta > 0.85
+    alpha, own = p.alpha, p.acceptance(s)
+    p.observe_round(p.slots[s.slot], 0, 0)  # a round without a draft decays the sequence's evidence only
+    assert p.alpha == alpha and p.acceptance(s) < own

@@ -53,7 +53,11 @@ from specdec.core.sequence import Sequence
 PRIOR_ALPHA = 0.6
 PRIOR_TRIALS = 2.0  # weight of the engine-wide acceptance in each sequence's estimate
 DECAY = 0.95  # per round, on a sequence's counts (also in rounds without a draft: the prior regains weight)
-ENGINE_SMOOTHING = 0.075  # the engine-wide acceptance: an EMA of per-round samples
+ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide acceptance's
+# counts (the last ~13 rounds weigh, with the prior's PRIOR_TRIALS). An EMA of per-round samples
+# with this weight, kept before, started at PRIOR_ALPHA with the weight of 13 rounds: a paused
+# draft model probed once in 16-128 steps at batch 1 moved it 7.5% a probe, and adaptive stayed
+# off (1.03x) where fixed k = 4 ran 1.21x the baseline
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
 SHAPE_SAMPLES = 5  # recent steps per token count whose median sets that count's point ...
@@ -270,9 +274,14 @@ class CostModel:
         return cls(counts, seconds, draft_fixed=0.1 * seconds[0], draft_per_level=0.1 * seconds[0])
 
 
+def estimate(accepted: float, rejected: float, prior: float) -> float:
+    """An acceptance from (decayed) counts of trials, with PRIOR_TRIALS pseudo-trials at `prior`."""
+    return (accepted + PRIOR_TRIALS * prior) / (accepted + rejected + PRIOR_TRIALS)
+
+
 @dataclass
 class SlotState:
-    """The policy's knowledge of one running sequence."""
+    """The policy's knowledge of one running sequence (and, as `Policy.engine`, of all of them)."""
 
     acceptance: float  # alpha: estimated acceptance of a draft's first token
     later: float  # beta: of each later token, the one before it accepted
@@ -280,6 +289,21 @@ class SlotState:
     rejected_n: float = 0.0
     later_accepted_n: float = 0.0  # beta's: accepted later tokens, and rejections among them
     later_rejected_n: float = 0.0
+
+    def count(self, decay: float, depth_drafted: int, accepted: int) -> None:
+        """Decay the evidence, then add a round's trials: a draft's first token is a trial of
+        alpha; the later ones, once it was accepted, of beta (no trials: it did not draft)."""
+        self.accepted_n *= decay
+        self.rejected_n *= decay
+        self.later_accepted_n *= decay
+        self.later_rejected_n *= decay
+        if depth_drafted > 0:
+            first = 1.0 if accepted else 0.0
+            self.accepted_n += first
+            self.rejected_n += 1.0 - first
+            if accepted and depth_drafted > 1:
+                self.later_accepted_n += accepted - 1
+                self.later_rejected_n += 0 if accepted >= depth_drafted else 1
 
 
 @dataclass
@@ -307,7 +331,7 @@ class Policy:
         self.backlog = backlog or (lambda seq: 0)  # the proposer's: what a sequence's resume feeds first
         self.steady = self.depth_of[-1] + 1  # what a drafting sequence's proposal feeds: accepted + bonus
         self.cost: CostModel | None = None
-        self.alpha = self.beta = PRIOR_ALPHA  # engine-wide acceptances (first token, later ones) over recent rounds
+        self.engine = SlotState(PRIOR_ALPHA, PRIOR_ALPHA)  # engine-wide acceptances over recent rounds (ENGINE_DECAY)
         self.steps = 0
         self.probe_gap = self.next_probe = PROBE_EVERY
         self.probes = 0
@@ -322,6 +346,16 @@ class Policy:
     def cap(self, seq: Sequence) -> int:
         k = seq.params.num_draft_tokens
         return self.max_k if k is None else min(k, self.max_k)
+
+    @property
+    def alpha(self) -> float:
+        """The engine-wide acceptance of a draft's first token: a newcomer's, and every sequence's prior."""
+        return self.engine.acceptance
+
+    @property
+    def beta(self) -> float:
+        """The engine-wide acceptance of a later draft token, the one before it accepted."""
+        return self.engine.later
 
     def acceptance(self, seq: Sequence) -> float:
         return self.slots[seq.slot].acceptance
@@ -364,7 +398,9 @@ class Policy:
             self.probes += 1
             if drafting and self.probes % 2 == 0:  # an anchor
                 return [c if p else 0 for c, p in zip(caps, pinned)]
-            probe = self.candidates[min(self.candidates.index(k) + 1, len(self.candidates) - 1)]
+            # at least 2 tokens deep: a probe of one measures neither beta nor how the proposal's
+            # cost grows with depth, and a batch off since its start (k = 0) probed only 1 deep
+            probe = self.candidates[min(max(self.candidates.index(k) + 1, 2), len(self.candidates) - 1)]
             free = [i for i, p in enumerate(pinned) if not p]
             narrow = not drafting and free and (self.narrow_probes or self.catch_up_over_budget(seqs, free))
             probing = {max(free, key=lambda i: alphas[i])} if narrow else set(free)
@@ -511,25 +547,16 @@ class Policy:
         self.observe_draft_time(step.propose_seconds, step.depth, step.backlogs)
 
     def observe_round(self, state: SlotState, depth_drafted: int, accepted: int) -> None:
-        """Update a sequence's acceptances after a round that drafted to depth `depth_drafted`: its
-        first token is a trial of alpha; the later ones, once it was accepted, of beta."""
-        state.accepted_n *= DECAY
-        state.rejected_n *= DECAY
-        state.later_accepted_n *= DECAY
-        state.later_rejected_n *= DECAY
+        """Update a sequence's acceptances after a round that drafted to depth `depth_drafted`
+        (0: none), and the engine-wide ones after a round that drafted."""
+        state.count(DECAY, depth_drafted, accepted)
         if depth_drafted > 0:
-            first = 1.0 if accepted else 0.0
-            state.accepted_n += first
-            state.rejected_n += 1.0 - first
-            self.alpha += ENGINE_SMOOTHING * (first - self.alpha)
-            if accepted and depth_drafted > 1:
-                later, rejections = accepted - 1, 0 if accepted >= depth_drafted else 1
-                state.later_accepted_n += later
-                state.later_rejected_n += rejections
-                self.beta += ENGINE_SMOOTHING * (later / (later + rejections) - self.beta)
-        state.acceptance = (state.accepted_n + PRIOR_TRIALS * self.alpha) / (state.accepted_n + state.rejected_n + PRIOR_TRIALS)
-        state.later = ((state.later_accepted_n + PRIOR_TRIALS * self.beta)
-                       / (state.later_accepted_n + state.later_rejected_n + PRIOR_TRIALS))
+            engine = self.engine
+            engine.count(ENGINE_DECAY, depth_drafted, accepted)
+            engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA)
+            engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA)
+        state.acceptance = estimate(state.accepted_n, state.rejected_n, self.alpha)
+        state.later = estimate(state.later_accepted_n, state.later_rejected_n, self.beta)
 
     def observe_draft_time(self, seconds: float, depth: int, backlogs: list[int] = ()) -> None:
         """A proposal's time; `backlogs`: what its drafter fed first for each drafting sequence. One
