@@ -5,6 +5,7 @@ proposal first feeds what every running sequence has not seen (the bonus token, 
 tail, and what a sequence the policy paused committed meanwhile, at most its last
 `CATCH_UP_WINDOW`: the cache then restarts there, `shift[slot]` positions in), then drafts.
 After verification only the accepted draft tokens stay valid, so `fed` rolls back to them.
+A greedy batch's whole proposal (catch-up and chains) is one native call (`native.NativeChain`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Pair t is (feature_t, token_{t+1}) at position t; the head turns it into a predi
 feature_{t+1}, and the target's lm_head turns that into a distribution over token_{t+2}.
 Committed pairs always use the target's true features (given back by the engine after each
 verification, `pending`); draft pairs use the head's own predictions and are overwritten later.
+A greedy EAGLE-1 batch's whole proposal (catch-up and chains) is one native call (`native.NativeChain`).
 
 EAGLE-2's dynamic tree: expand the `top_k` most likely nodes of each depth by their top_k
 children, scoring nodes by cumulative draft log-probability, and keep the best min(k, total_tokens)

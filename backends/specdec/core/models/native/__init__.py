@@ -19,9 +19,15 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:  # (they import this module)
+    from specdec.core.models.kv_cache import KVCache
+    from specdec.core.models.linear import InferenceLinear
+    from specdec.core.models.llama import RopeTable
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +226,8 @@ class NativeChain:
     token embeddings [V, H]; `head`: the output head over a forward's output; `fc`: EAGLE's input
     projection of (embedding, feature), whose output is the next feature."""
 
-    def __init__(self, decoder: NativeDecoder, embed: Tensor, head, fc=None) -> None:
+    def __init__(self, decoder: NativeDecoder, embed: Tensor, head: "InferenceLinear",
+                 fc: "InferenceLinear | None" = None) -> None:
         self.decoder = decoder
         self.keep = [embed, head.blocked] + ([] if fc is None else [fc.blocked] + ([] if fc.bias is None else [fc.bias]))
         self.chain = _Chain(embed.data_ptr(), head.blocked.data_ptr(), head.blocked.dtype == torch.float16,
@@ -230,7 +237,8 @@ class NativeChain:
         self.chain_ptr = ctypes.addressof(self.chain)
 
     @staticmethod
-    def build(decoder: NativeDecoder | None, embed: Tensor, head, fc=None) -> "NativeChain | None":
+    def build(decoder: NativeDecoder | None, embed: Tensor, head: "InferenceLinear",
+              fc: "InferenceLinear | None" = None) -> "NativeChain | None":
         """The chain for these parts (`head`, `fc`: `linear.InferenceLinear`s), or None where a part
         is not native (then the drafter's Python runs every proposal)."""
         parts = [head] + ([] if fc is None else [fc])
@@ -246,8 +254,8 @@ class NativeChain:
         return len(pending) * max(map(len, pending)) <= NATIVE_MAX_ROWS
 
     def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],
-                 draft_ks: list[int], rope, cache, slots: list[int], eos_until: list[int],
-                 eos_ids: list[int]) -> list[list[int]]:
+                 draft_ks: list[int], rope: "RopeTable", cache: "KVCache", slots: list[int],
+                 eos_until: list[int], eos_ids: list[int]) -> list[list[int]]:
         """Row b feeds its pending tokens (EAGLE: each paired with a true feature, pairs[b] [n, H])
         at window positions starts[b] .. of slots[b]; rows drafting[i] then draft draft_ks[i]
         tokens each (the others only catch up), returned in that order. EOS is skipped at depths
