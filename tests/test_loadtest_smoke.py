@@ -13,7 +13,7 @@ import requests
 
 from specdec.tools.loadtest import stats
 from specdec.tools.loadtest.intervals import paired_ratio
-from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, run_level
+from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, measured, run_level
 from specdec.tools.loadtest.workload import Workload, write_prompts
 from specdec.serving.repository import write_repository
 from specdec.serving.server import TritonServer
@@ -51,9 +51,12 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
     by = {(c["model"], c["concurrency"]): c for c in report["cells"]}
     for level in (1, 2):
         trials = stats.load_samples(out / by[("baseline", level)]["trials_file"])
-        # two rounds, the order rotated; one trial ends (requests drained) before the next starts
-        assert [(t["model"], t["round"]) for t in trials] == [("baseline", 0), ("spec_draft", 0),
+        # a warm-up round, then two rounds, the order rotated; one trial ends (requests drained)
+        # before the next starts; the cells count the measured rounds only
+        assert [(t["model"], t["round"]) for t in trials] == [("spec_draft", -1), ("baseline", -1),
+                                                            ("baseline", 0), ("spec_draft", 0),
                                                             ("spec_draft", 1), ("baseline", 1)]
+        assert [t["round"] for t in by[("baseline", level)]["trials"]] == [0, 1]
         for a, b in zip(trials, trials[1:]):
             assert a["start"] < a["w0"] < a["w1"] <= a["end"] <= b["start"]
         samples = stats.load_samples(out / by[("baseline", level)]["samples"])
@@ -87,7 +90,8 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
             assert t["cpu"]["busy_cores"] >= t["cpu"]["ours_cores"] * 0.5 and t["cpu"]["model_cpu_s"] > 0
             assert t["figures"]["cpu_ms_per_token"] > 0 and t["figures"]["rss_mb"] > 50
         # the pooled figures recompute from every trial's window
-        windows = [(x["w0"], x["w1"]) for x in stats.load_samples(out / c["trials_file"]) if x["model"] == c["model"]]
+        windows = [(x["w0"], x["w1"]) for x in measured(stats.load_samples(out / c["trials_file"]))
+                   if x["model"] == c["model"]]
         assert f["output_tokens_in_window"] == stats.figures(samples, windows)["output_tokens_in_window"]
         # intervals: the paired per-round ratios to the baseline at the same load
         base = by[("baseline", c["concurrency"])]

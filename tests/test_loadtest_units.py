@@ -12,7 +12,7 @@ from specdec.tools.loadtest import stats
 from specdec.tools.loadtest.guardrails import (Guardrails, Rule, aa_check, decide, load_guardrails, parse_guardrails,
                                                verdicts)
 from specdec.tools.loadtest.intervals import mean_interval, paired_ratio, rounds_to_clear, t_quantile
-from specdec.tools.loadtest.matrix import add_intervals, trial_plan
+from specdec.tools.loadtest.matrix import MatrixConfig, add_intervals, measured, trial_plan
 from specdec.tools.loadtest.workload import Workload, workloads
 
 
@@ -184,6 +184,17 @@ def test_trial_plan_rotates_the_order():
     plan = trial_plan(["a", "b", "c"], 4)
     assert [t["model"] for t in plan] == list("abc" "bca" "cab" "abc")
     assert [t["round"] for t in plan] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+
+
+def test_warm_up_rounds_open_the_plan_and_do_not_count():
+    """Every model meets a load level once before any trial counts: the warm-up rounds come first,
+    rotated like the rest, and `measured` drops them."""
+    plan = trial_plan(["a", "b", "c"], 2, warmup_rounds=1)
+    assert [t["model"] for t in plan] == list("cab" "abc" "bca")
+    assert [t["round"] for t in plan] == [-1] * 3 + [0] * 3 + [1] * 3
+    assert measured(plan) == trial_plan(["a", "b", "c"], 2)
+    with pytest.raises(ValueError, match="warm-up rounds"):
+        MatrixConfig(models=["baseline"], warmup_rounds=-1)
 
 
 PROM = """# HELP x

@@ -145,7 +145,8 @@ def markdown(report: dict) -> str:
     lines += ["## Setup (held fixed across models)", "",
               f"- models: {', '.join(f'`{m}`' for m in s['models'])}",
               f"- concurrency (closed-loop Locust users): {', '.join(map(str, s['concurrency']))}",
-              f"- interleaved trials: {s['rounds']} rounds per load level; in each round every model runs one trial "
+              f"- interleaved trials: {s['rounds']} rounds per load level, after {s.get('warmup_rounds', 0)} "
+              f"unmeasured warm-up round(s); in each round every model runs one trial "
               f"({s['warmup_s']:g} s warm-up, then {s['duration_s']:g} s measured; requests in flight drain before "
               f"the next trial), the order rotated from round to round",
               f"- protocol: {s['protocol']}; prompts per workload: {s['prompts']} "
