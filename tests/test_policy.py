@@ -33,8 +33,9 @@ def round_(p: Policy, seq: Sequence, depth: int, accepted: int) -> None:
 
 
 def memory_bound() -> CostModel:
-    """Verify time nearly flat up to 64 tokens (a GPU or small batch): extra tokens are cheap."""
-    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.05, draft_per_level=0.05)
+    """Verify time nearly flat up to 64 tokens (a GPU or small batch): extra tokens are cheap, and
+    so are proposals (per drafting row)."""
+    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.01, draft_per_level=0.01)
 
 
 def compute_bound() -> CostModel:
@@ -249,7 +250,7 @@ def test_while_the_batch_drafts_every_other_probe_runs_it_plain():
     """An anchor: the curve's points are set against plain steps, which a batch drafting at every
     step would otherwise never measure; the probes in between still go one candidate deeper."""
     p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.05, draft_per_level=0.3)
+    p.cost = CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.025, draft_per_level=0.15)  # per row
     batch = seqs(p, 2, 0.6)
     picks = [p.choose(batch) for _ in range(4 * PROBE_EVERY)]
     pick = picks[0]
@@ -418,14 +419,14 @@ def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_veri
     """At a moderate load the sequences that accept well draft, the others do not; and no choice of
     k and subset of sequences commits more tokens per second than the policy's pick (brute force)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 8, 16, 64], [1.0, 1.2, 1.6, 9.0], draft_fixed=0.1, draft_per_level=0.05)
+    p.cost = CostModel([1, 8, 16, 64], [1.0, 1.2, 1.6, 9.0], draft_fixed=0.025, draft_per_level=0.0125)  # per row
     batch = seqs(p, 4, 0.9) + seqs(p, 4, 0.25)
     ks = p.choose(batch)
     assert min(ks[:4]) > 0 and ks[4:] == [0] * 4
 
     def rate(ks: list[int]) -> float:
         tokens = sum(expected_tokens(p.acceptance(s), k) for s, k in zip(batch, ks))
-        return tokens / (p.cost.verify(sum(1 + k for k in ks)) + p.cost.draft(max(ks)))
+        return tokens / (p.cost.verify(sum(1 + k for k in ks)) + p.cost.draft(max(ks), sum(1 for k in ks if k)))
 
     for k in p.candidates:
         for subset in itertools.product([0, 1], repeat=len(batch)):
@@ -480,3 +481,15 @@ def test_a_few_accepted_probes_lift_the_engine_wide_acceptance_from_its_prior():
     alpha, own = p.alpha, p.acceptance(s)
     p.observe_round(p.slots[s.slot], 0, 0)  # a round without a draft decays the sequence's evidence only
     assert p.alpha == alpha and p.acceptance(s) < own
+
+
+def test_a_proposal_costs_per_drafting_row():
+    """A proposal for m rows is predicted at m times the fit's per-row cost, so costs timed with
+    one user do not make a batch of four look as cheap to draft for (served at 4 users the draft
+    model drafted on its batch-1 fit and ran 0.83-0.90x the baseline)."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.3, draft_per_level=0.3)
+    assert p.choose(seqs(p, 1, 0.9)) == [4]
+    assert p.choose(seqs(p, 4, 0.9)) == [0] * 4
+    p.observe_draft_time(4.0, 4, rows=4)  # a proposal for 4 rows is timed per row
+    assert p.cost.draft(4) == pytest.approx(1.0) and p.cost.draft(4, rows=4) == pytest.approx(4.0)

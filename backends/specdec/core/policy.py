@@ -146,10 +146,16 @@ class CostModel:
     recent: dict[int, deque] = field(default_factory=dict, repr=False)
     steps: int = 0
 
-    def draft(self, depth: int) -> float:
-        return self.load * self.draft_at_calibration(depth)
+    def draft(self, depth: int, rows: int = 1) -> float:
+        return self.load * self.draft_at_calibration(depth) * rows
 
     def draft_at_calibration(self, depth: int) -> float:
+        """A proposal of `depth` per drafting row: the fit is over proposals' seconds divided by
+        the rows they drafted, and a proposal for m rows is predicted at m times it. Fitted on
+        the proposals of one row (one user), and applied to four, the draft model's proposal cost
+        looked a quarter of what it was: served at 4 users it drafted in 1921 steps of a level
+        and ran 0.83-0.90x the baseline (`make demo`, a load matrix). Per row is conservative
+        where rows share a proposal's fixed cost (a batch of 8 proposes in 5-6 rows' time)."""
         return self.draft_fixed + self.draft_per_level * depth if depth > 0 else 0.0
 
     def observe_draft(self, depth: int, seconds: float) -> None:
@@ -182,11 +188,11 @@ class CostModel:
             self.draft_fixed *= scale
             self.draft_per_level *= scale
 
-    def observe_catch_up(self, entries: int, seconds: float, depth: int) -> None:
-        """A proposal that first fed `entries` beyond a drafting sequence's own (a resume, a
-        newcomer's prompt): what it took past the fitted proposal of its depth, per entry; the
-        median of recent ones (a preempted proposal does not move it)."""
-        extra = seconds / self.load - self.draft_at_calibration(depth)
+    def observe_catch_up(self, entries: int, seconds: float, depth: int, rows: int = 1) -> None:
+        """A proposal for `rows` that first fed `entries` beyond the drafting sequences' own (a
+        resume, a newcomer's prompt): what it took past the fitted proposal of its depth, per
+        entry; the median of recent ones (a preempted proposal does not move it)."""
+        extra = seconds / self.load - self.draft_at_calibration(depth) * rows
         self.catch_up_samples.append(max(extra, 0.0) / entries)
         self.catch_up_per_entry = statistics.median(self.catch_up_samples)
 
@@ -492,7 +498,8 @@ class Policy:
         # scales them all alike), and the curve's points are memoized between steps
         draft_s = [cost.draft_at_calibration(d) for d in range(depth_of[-1] + 1)]
         verify = cost.verify_at_calibration
-        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth])
+        fixed_rows = sum(1 for c, p in zip(caps, pinned) if p and c)
+        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * fixed_rows)
         best_k = best_m = 0
         for k in self.candidates[1:]:
             tokens, extra, depth, catch_up = fixed_tokens, fixed_extra, fixed_depth, 0.0
@@ -504,7 +511,7 @@ class Policy:
                 catch_up += charges[i]
                 if d > depth:
                     depth = d
-                r = tokens / (verify(n + extra) + draft_s[depth] + catch_up)
+                r = tokens / (verify(n + extra) + draft_s[depth] * (fixed_rows + m) + catch_up)
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])
@@ -544,7 +551,7 @@ class Policy:
             self.next_probe = self.steps + self.probe_gap
         if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
             self.recheck_at, self.paused_batch = 0, []
-        self.observe_draft_time(step.propose_seconds, step.depth, step.backlogs)
+        self.observe_draft_time(step.propose_seconds, step.depth, step.backlogs, sum(1 for k in step.ks if k > 0))
 
     def observe_round(self, state: SlotState, depth_drafted: int, accepted: int) -> None:
         """Update a sequence's acceptances after a round that drafted to depth `depth_drafted`
@@ -558,14 +565,16 @@ class Policy:
         state.acceptance = estimate(state.accepted_n, state.rejected_n, self.alpha)
         state.later = estimate(state.later_accepted_n, state.later_rejected_n, self.beta)
 
-    def observe_draft_time(self, seconds: float, depth: int, backlogs: list[int] = ()) -> None:
-        """A proposal's time; `backlogs`: what its drafter fed first for each drafting sequence. One
-        that fed a sequence more than its steady share (accepted tokens and bonus) caught up:
-        it is a sample of the catch-up's cost per entry, not of the proposal's."""
+    def observe_draft_time(self, seconds: float, depth: int, backlogs: list[int] = (), rows: int = 1) -> None:
+        """A proposal's time for `rows` drafting sequences; `backlogs`: what its drafter fed first
+        for each sequence. One that fed a sequence more than its steady share (accepted tokens
+        and bonus) caught up: it is a sample of the catch-up's cost per entry, not of the
+        proposal's (per row)."""
         if self.cost is None or depth <= 0:
             return
+        rows = max(rows, 1)
         excess = sum(self.catch_up_entries(b) for b in backlogs)
         if not excess:
-            self.cost.observe_draft(depth, seconds)
+            self.cost.observe_draft(depth, seconds / rows)
         elif excess >= CATCH_UP_MIN_ENTRIES:
-            self.cost.observe_catch_up(excess, seconds, depth)
+            self.cost.observe_catch_up(excess, seconds, depth, rows)
