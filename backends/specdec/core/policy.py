@@ -100,8 +100,9 @@ PROBE_BUDGET = 0.015  # a probe while speculation is off catches the probed rows
 # outputs). When the last such probe, scaled to every row and spread over the steps it covered,
 # cost more than this share of a step, or this one's catch-up would (`catch_up_over_budget`), it
 # drafts only the best-accepting sequence (one row's backlog): EAGLE's two-layer head at batch 8
-# spent 17-31 ms per all-row probe (about a third of every step it covered); the small draft model's probes stay within budget, and drafting
-# every row is how a batch of 8 learns that drafting pays (1.14-1.29x for the draft model). At a
+# spent 17-31 ms per all-row probe (about a third of every step it covered); the small draft
+# model's probes stay within budget, and drafting every row is how a batch of 8 learns that
+# drafting pays (1.14-1.29x for the draft model). At a
 # 10% budget, adaptive EAGLE and EAGLE-2 batches of 8 that drafted only in probes ran at 0.91-0.96x
 # of the baseline (`specdec bench`, three runs); at 3% EAGLE's ran 1.06x faster than at 10%
 # (forward_ab, 8 rounds), the draft model's 1.03x, Medusa's and EAGLE-2's the same. With the
@@ -572,7 +573,6 @@ class Policy:
         proposal's (per row)."""
         if self.cost is None or depth <= 0:
             return
-        rows = max(rows, 1)
         excess = sum(self.catch_up_entries(b) for b in backlogs)
         if not excess:
             self.cost.observe_draft(depth, seconds / rows)

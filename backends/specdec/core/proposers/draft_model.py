@@ -62,7 +62,7 @@ class DraftModelProposer:
         pending = [s.tokens[self.fed[s.slot] :] for s in fed]
         starts = window_positions(self.shift, fed, [self.fed[s.slot] for s in fed])
         chains, chain_ks = [seqs[b] for b in active], [ks[b] for b in active]
-        if self.chain is not None and all(s.params.greedy for s in chains) and self.chain.takes(pending):
+        if self.chain is not None and self.chain.takes(chains, pending):
             tokens = self.chain(pending, starts, None, at, chain_ks, self.model.rope, self.cache, [s.slot for s in fed],
                                 eos_until(fed, self.eos_ids), self.eos_ids)
             found = [Draft.chain(t, None) for t in tokens]

@@ -132,7 +132,7 @@ class EagleProposer:
         batch, batch_ks = [seqs[b] for b in active], [ks[b] for b in active]
         fed, rows = catch_up_rows(seqs, ks, self.backlog)
         tokens, feats, at = self.catch_up_inputs(fed)
-        if self.chain is not None and all(s.params.greedy for s in batch) and self.chain.takes(tokens):
+        if self.chain is not None and self.chain.takes(batch, tokens):
             chains = self.chain(tokens, at, feats, rows, batch_ks, self.head.rope, self.cache, [s.slot for s in fed],
                                 eos_until(fed, self.eos_ids), self.eos_ids)
             found = [Draft.chain(t, None) for t in chains]

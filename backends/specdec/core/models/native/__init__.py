@@ -248,10 +248,12 @@ class NativeChain:
         return NativeChain(decoder, embed.detach(), head, fc)
 
     @staticmethod
-    def takes(pending: list[list[int]]) -> bool:
-        """Whether a catch-up of these rows runs here: as many rows as a native forward takes
-        (a longer one, a prompt's, goes to the eager layers, as the drafter's Python sends it)."""
-        return len(pending) * max(map(len, pending)) <= NATIVE_MAX_ROWS
+    def takes(drafting: list, pending: list[list[int]]) -> bool:
+        """Whether a proposal runs here: every drafting sequence greedy (a sampled one draws from
+        its q, which rejection sampling needs) and a catch-up of no more rows than a native
+        forward takes (a longer one, a prompt's, goes to the eager layers, as the drafter's Python
+        sends it)."""
+        return all(s.params.greedy for s in drafting) and len(pending) * max(map(len, pending)) <= NATIVE_MAX_ROWS
 
     def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],
                  draft_ks: list[int], rope: "RopeTable", cache: "KVCache", slots: list[int],

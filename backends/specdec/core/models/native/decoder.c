@@ -508,6 +508,17 @@ static int64_t argmax_row(const float *l, int64_t V, const int64_t *eos, int64_t
     return best < 0 ? 0 : best;
 }
 
+/* A chain drafter's forward input for token `tok`: its embedding into x, or (with `fc`) the
+ * embedding and `feature` side by side into cat, which fc projects (cat NULL without fc). */
+static void chain_input(const Chain *c, int64_t tok, const float *feature, int64_t H, float *x, float *cat) {
+    if (c->fc) {
+        memcpy(cat, c->embed + tok * H, H * sizeof(float));
+        memcpy(cat + H, feature, H * sizeof(float));
+    } else {
+        memcpy(x, c->embed + tok * H, H * sizeof(float));
+    }
+}
+
 /* A greedy chain drafter's proposal in one call: its catch-up, then its chains. Row b feeds its
  * lengths[b] pending entries (`tokens` [B, T], right-padded; with `fc`, EAGLE-1's, each paired
  * with a true feature, pairs[b] [lengths[b], H]) at window positions starts[b] .. (as
@@ -547,12 +558,7 @@ int specdec_greedy_draft(
             int64_t tok = tokens[b * T + i];
             pos[b * T + i] = starts[b] + i;
             if (tok < 0 || tok >= V) { rc = -3; break; }
-            if (c->fc) {
-                memcpy(cat + n * 2 * H, c->embed + tok * H, H * sizeof(float));
-                memcpy(cat + n * 2 * H + H, pairs[b] + i * H, H * sizeof(float));
-            } else {
-                memcpy(x + (b * T + i) * H, c->embed + tok * H, H * sizeof(float));
-            }
+            chain_input(c, tok, c->fc ? pairs[b] + i * H : NULL, H, x + (b * T + i) * H, c->fc ? cat + n * 2 * H : NULL);
         }
     if (rc == 0 && c->fc) {
         float *projected = cat + R * 2 * H;
@@ -571,15 +577,8 @@ int specdec_greedy_draft(
         for (int64_t b = 0; b < B; b++)
             if (ks[b] >= j) rows[n] = b, row_pos[n] = starts[b] + lengths[b] + j - 2, row_slots[n] = slots[b], n++;
         if (j > 1) {
-            for (int64_t r = 0; r < n; r++) {
-                int64_t b = rows[r], tok = out[b * M + j - 2];
-                if (c->fc) {
-                    memcpy(cat + r * 2 * H, c->embed + tok * H, H * sizeof(float));
-                    memcpy(cat + r * 2 * H + H, feature + b * H, H * sizeof(float));
-                } else {
-                    memcpy(h + r * H, c->embed + tok * H, H * sizeof(float));
-                }
-            }
+            for (int64_t r = 0; r < n; r++)
+                chain_input(c, out[rows[r] * M + j - 2], feature + rows[r] * H, H, h + r * H, c->fc ? cat + r * 2 * H : NULL);
             if (c->fc) matmul_any(c->fc_f16, cat, n, 2 * H, c->fc, c->fc_bias, H, h);
             rc = specdec_decoder_forward(d, h, n, 1, row_pos, cos, sin, k_cache, v_cache, layer_stride,
                                          slot_stride, row_slots, row_pos, NULL, NULL, 1);
