@@ -229,6 +229,18 @@ def test_switched_off_or_without_a_compiler_every_forward_is_eager(tiny_target, 
         with caplog.at_level(logging.WARNING):
             assert load_model(tiny_target).native is None
         assert "native decoder not built" in caplog.text
+        # a compiler whose messages do not decode (gcc's UTF-8 quotes in a Triton stub's ASCII
+        # locale made the models fail to load): still eager, with its message in the warning
+        failing = tmp_path / "failing-cc"
+        failing.write_text("#!/bin/sh\nprintf 'decoder.c: error: impossible constraint in \\342\\200\\230asm\\377\\n' >&2\n"
+                           "exit 1\n")
+        failing.chmod(0o755)
+        native.library.cache_clear()
+        caplog.clear()
+        monkeypatch.setenv("CC", str(failing))
+        with caplog.at_level(logging.WARNING):
+            assert load_model(tiny_target).native is None
+        assert "impossible constraint in" in caplog.text
         native.library.cache_clear()
         monkeypatch.delenv("CC")
         assert load_model(tiny_target).native is not None  # built afresh into the new cache dir

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # (they import this module)
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decoder.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-lm"]
+# -Wno-psabi: without AVX-512 GCC warns that its 16-float vectors change the ABI (of static functions only)
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-lm", "-Wno-psabi"]
 # More rows than this in one forward (prompts' prefill at a large batch) go to the eager layers.
 # At one thread the native matmul runs 65-1024 rows as fast as oneDNN's packed GEMM (0.95-1.08x)
 # and the native forward is 1.2-2.2x the eager one there (the kit's target, 1 x 72 to 8 x 128
@@ -67,11 +68,13 @@ def library() -> ctypes.CDLL | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            try:
+            try:  # bytes: the compiler's messages (UTF-8 quotes) must not fail to decode in a Triton
+                # stub's ASCII locale, which made the models fail to load instead of running eager
                 subprocess.run([os.environ.get("CC", "cc"), str(SOURCE), "-o", str(built), *FLAGS],
-                               check=True, capture_output=True, text=True, timeout=120)
+                               check=True, capture_output=True, timeout=120)
             except (OSError, subprocess.SubprocessError) as e:
-                detail = getattr(e, "stderr", "") or e
+                stderr = getattr(e, "stderr", b"") or b""
+                detail = stderr.decode(errors="replace").strip()[-2000:] or e
                 log.warning("native decoder not built (%s); decoder layers run eager", detail)
                 return None
             os.replace(built, target)  # atomic: concurrent builders each install a whole file

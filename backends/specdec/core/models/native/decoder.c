@@ -84,8 +84,9 @@ static inline v16 ld_f16(const _Float16 *p) {  /* one vcvtph2ps where the CPU ha
 static inline void st(float *p, v16 v) { *(v16 *)p = v; }
 
 /* Keeps a loaded weight vector in a register: for 3 or 4 rows GCC otherwise folds the load into
- * every row's FMA, which ran those matmuls at half the speed of 5 or 6 rows. */
-#if defined(__x86_64__)
+ * every row's FMA, which ran those matmuls at half the speed of 5 or 6 rows. Only where a v16 is one
+ * register (AVX-512): elsewhere "+v" is an impossible constraint and the file would not compile. */
+#if defined(__x86_64__) && defined(__AVX512F__)
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
 #else
 #define IN_REGISTER(v) (void)0
