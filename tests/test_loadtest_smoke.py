@@ -7,13 +7,21 @@ per-round paired ratios, and an A/A run (the baseline under two names) reports n
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import requests
 
-from specdec.tools.loadtest import stats
+from specdec.tools.loadtest import noise, stats
 from specdec.tools.loadtest.intervals import paired_ratio
-from specdec.tools.loadtest.matrix import MatrixConfig, main as loadtest_main, measured, run_level
+from specdec.tools.loadtest.matrix import (MatrixConfig, _locust_env, main as loadtest_main, measured, run_level,
+                                           scrape)
 from specdec.tools.loadtest.workload import Workload, write_prompts
 from specdec.serving.repository import write_repository
 from specdec.serving.server import TritonServer
@@ -145,7 +153,6 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     matrix runs Locust as one master and one worker; every request is accounted for by the served
     models' counters and the report compares the two halves of the same traffic."""
     from specdec.tools.loadtest.canary import routes_to_candidate, write_canary_model
-    from specdec.tools.loadtest.matrix import scrape
 
     assert [routes_to_candidate(n, 0.25) for n in range(8)] == [False, False, False, True] * 2
     write_canary_model(served.model_repository, "baseline", "spec_draft", share=0.5)
@@ -174,13 +181,13 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
             for m in ("baseline", "spec_draft")}
     generated = sum(stats.metric_delta(before, after, "specdec:generation_tokens", model=m)
                     for m in ("baseline", "spec_draft"))
-    # two clean-clone runs saw the server count 2 requests more than the samples, one per model
-    # (not reproduced in isolation; the worker counted a request ended before its sample was sent,
-    # and could report the last trial drained ahead of it, `users._State.record`): the message
-    # says which model had them, and their tokens, for a next occurrence
+    # every request the server counted has its sample (clean-clone runs lost the two in flight when
+    # the worker stalled: test_a_stalled_worker_loses_no_request); on a mismatch the message names
+    # the models, the tokens, and the tails of Locust's logs
     served_count = {m: served_by.count(m) for m in seen}
+    logs = {p.name: p.read_text()[-3000:] for p in sorted(out.rglob("locust*.log"))}
     assert seen == served_count and generated == sum(s["tokens"] for s in samples), (
-        seen, served_count, generated, sum(s["tokens"] for s in samples))
+        seen, served_count, generated, sum(s["tokens"] for s in samples), logs)
     split = {c["model"]: c for c in report["canary_cells"]}
     assert set(split) == {"baseline", "spec_draft"} and split["baseline"]["ratios"]["tpot_p50"]["value"] == 1.0
     assert len(split["spec_draft"]["trials"]) == 2  # both halves of each trial, paired by round
@@ -188,3 +195,65 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     [verdict] = report["canary_verdicts"]
     assert verdict["model"] == "spec_draft" and verdict["verdict"]
     assert "## Canary" in (out / "report.md").read_text()
+
+
+def test_a_stalled_worker_loses_no_request(served, tmp_path):
+    """A Locust worker stalled for 5 s (stopped with SIGSTOP, as a busy machine can starve it) is
+    not a lost worker: every request the server counted has its sample. Before, Locust's master
+    called the worker missing after 3 s without heartbeats, stopped the test and ended the trial
+    without waiting: clean-clone runs lost the requests in flight, one per canary model."""
+    cfg = MatrixConfig(models=["baseline"], grpc_url=served.grpc_url, http_url=served.http_url,
+                       metrics_url=served.metrics_url, rounds=1, warmup_rounds=0, duration_s=1.5, warmup_s=0.5,
+                       workers=1)  # one trial: the stall lasts past its end
+    prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n"])
+    level = tmp_path / "level"
+    stalled = []
+
+    def stall() -> None:  # once the first sample reached the master, the worker stops for 5 s
+        deadline = time.monotonic() + 120
+        samples = level / "samples.jsonl"
+        while time.monotonic() < deadline and not (samples.exists() and samples.stat().st_size):
+            time.sleep(0.02)
+        procs = noise.process_table()
+        stalled.extend(p for p in noise.tree([os.getpid()], procs) if b"--worker" in noise.cmdline(p))
+        for p in stalled:
+            os.kill(p, signal.SIGSTOP)
+        time.sleep(5)
+        for p in stalled:
+            os.kill(p, signal.SIGCONT)
+
+    before = scrape(served.metrics_url)
+    thread = threading.Thread(target=stall, daemon=True)
+    thread.start()
+    [cell] = run_level(cfg, ["baseline"], 2, Workload(max_tokens=MAX_TOKENS), prompts, level)
+    thread.join(10)
+    after = scrape(served.metrics_url)
+    assert len(stalled) == 1  # the worker process
+    samples = stats.load_samples(level / "samples.jsonl")
+    logs = {p.name: p.read_text()[-3000:] for p in sorted(level.glob("locust*.log"))}
+    assert "error" not in cell["figures"] and all(s["error"] is None for s in samples), (cell["figures"], logs)
+    served_requests = stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model="baseline")
+    assert served_requests == len(samples) > 0, (served_requests, len(samples), logs)
+    assert cell["figures"]["server_output_tokens"] == sum(s["tokens"] for s in samples)
+
+
+def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
+    """loadtest/README.md's headless command without --stop-timeout: the requests in flight when the
+    run time ends are cut off, and each still leaves a sample that says so (before, they left none,
+    and the server counted requests the samples did not have)."""
+    out = tmp_path / "samples.jsonl"
+    prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n"])
+    before = scrape(served.metrics_url)
+    proc = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
+         "GrpcStreamUser", "--headless", "-u", "2", "-r", "2", "--run-time", "6s", "--host", f"http://{served.http_url}",
+         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--prompts-file", str(prompts),
+         "--samples-out", str(out)],
+        capture_output=True, text=True, timeout=180, env=_locust_env())
+    time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
+    after = scrape(served.metrics_url)
+    samples = stats.load_samples(out)
+    cut = [s for s in samples if s["error"] == "the user was stopped while its request was in flight"]
+    assert cut and all(s["error"] is None for s in samples if s not in cut), (proc.stdout[-2000:], proc.stderr[-2000:])
+    served_requests = stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model="baseline")
+    assert served_requests == len(samples), (served_requests, len(samples))

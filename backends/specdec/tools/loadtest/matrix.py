@@ -173,7 +173,7 @@ def locust_command(cfg: MatrixConfig, users: int, workload: Workload, prompts_fi
            "--stop-timeout", f"{cfg.stop_timeout_s:.0f}", "--host", http, "--grpc-url", cfg.grpc_url,
            "--trial-plan", str(plan_file), "--prompts-file", str(prompts_file), "--max-tokens", str(workload.tokens),
            "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", str(cfg.seed),
-           "--samples-out", str(samples), "--only-summary", "--loglevel", "WARNING"]
+           "--samples-out", str(samples), "--only-summary", "--loglevel", "INFO"]
     if csv_prefix is not None:
         cmd += ["--csv", str(csv_prefix)]
     return cmd
@@ -182,7 +182,7 @@ def locust_command(cfg: MatrixConfig, users: int, workload: Workload, prompts_fi
 def worker_command(cfg: MatrixConfig, port: int) -> list[str]:
     user_class = "GrpcStreamUser" if cfg.protocol == "grpc" else "HttpSseUser"
     return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), user_class, "--worker", "--master-host",
-            "127.0.0.1", "--master-port", str(port), "--loglevel", "WARNING"]
+            "127.0.0.1", "--master-port", str(port), "--loglevel", "INFO"]
 
 
 def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Workload, prompts_file: Path,
@@ -234,6 +234,9 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
             fig["error"] = f"no samples (locust exit code {proc.returncode}; see {level_dir / 'locust.log'})"
         elif len(mine) < cfg.rounds:
             fig["error"] = f"{len(mine)} of {cfg.rounds} trials ran (see {level_dir / 'locust.log'})"
+        elif unreported := sorted({w for t in mine for w in t.get("unreported_workers", [])}):
+            fig["error"] = (f"Locust worker(s) {', '.join(unreported)} did not report a trial drained: its samples "
+                            f"may be lost (see {level_dir / 'locust.log'})")
         elif before and not after:
             fig["error"] = "the server's metrics endpoint stopped answering (did tritonserver exit?)"
         elif all(s.get("error") for s in cell_samples):

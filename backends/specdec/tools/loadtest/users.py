@@ -21,7 +21,11 @@ request in flight has ended (so no trial overlaps the next), and move on to the 
 model. The process running the plan (the local runner, or the master in distributed mode, which
 tells its workers by message) snapshots the machine's CPU use at the ends of each measurement
 window (`noise.trial_cpu`) and writes one JSON line per trial to the plan's `out` file. Each
-sample records the trial it belongs to.
+sample records the trial it belongs to. In distributed mode each worker reports every trial drained
+with the number of samples it sent for it, and the master moves on once every worker's report and
+those samples have arrived (a trial's line names any worker that did not report: its samples may
+be lost). A request cut off by Locust (the run time ended, the user was stopped) still leaves a
+sample, with the error saying so.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import gevent
+from gevent import GreenletExit
 from gevent.queue import Empty, Queue
 from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
@@ -170,9 +175,7 @@ class _State:
         try:
             self.report(sample)
         finally:  # a request ends once recorded: a worker then reports its trial drained only after
-            # the samples were sent (counted down first, a sample could be sent after the last
-            # trial's report and be lost when the master quit: in one clean-clone run the server
-            # counted 1 request per model more than the samples)
+            # the sample was sent
             if sample.trial >= 0:
                 self.gate.inflight[sample.trial] -= 1
 
@@ -201,6 +204,8 @@ class _State:
         if self.pending and self.environment.runner is not None:
             batch, self.pending = self.pending, []
             self.environment.runner.send_message("specdec_samples", batch)
+            for line in batch:
+                self.gate.sent[line["trial"]] = self.gate.sent.get(line["trial"], 0) + 1
 
 
 @dataclass
@@ -212,6 +217,7 @@ class Gate:
     finished: bool = False
     inflight: dict[int, int] = field(default_factory=dict)  # trial -> its requests in flight
     given_up: set[int] = field(default_factory=set)  # trials whose requests in flight were abandoned
+    sent: dict[int, int] = field(default_factory=dict)  # a worker: trial -> its samples sent to the master
 
     def drained(self, trial: int, timeout_s: float) -> int:
         """Wait until the trial's requests have all ended, at most timeout_s; then the users give up
@@ -235,6 +241,9 @@ def run_plan(environment, plan: dict) -> None:
     runner = environment.runner
     master = isinstance(runner, MasterRunner)
     gate = None if master else state(environment).gate
+    # the workers that run the users: each must report every trial drained (a worker the master
+    # thinks missing for a moment still has its requests in flight)
+    workers = {c.id for c in runner.clients.all} if master else set()
     # its own thread: the hub's pool is gRPC's (one blocked thread per stream), with 16 streams it has none left
     pool = ThreadPool(1)
     own = [os.getpid(), os.getppid()] + ([plan["server_pid"]] if plan.get("server_pid") else [])
@@ -250,18 +259,16 @@ def run_plan(environment, plan: dict) -> None:
             before = pool.spawn(noise.snapshot).get()  # a thread: reading /proc must not stall the users
             gevent.sleep(plan["duration_s"])
             after = pool.spawn(noise.snapshot).get()
+            unreported: list[str] = []
             if master:
-                DRAINED.clear()
                 runner.send_message("specdec_gate", {"model": trial["model"], "trial": index, "open": False,
                                                      "drain_s": plan["drain_s"]})
-                while len(DRAINED) < runner.worker_count:
-                    gevent.sleep(0.01)
-                abandoned = sum(DRAINED.values())
+                abandoned, unreported = workers_drained(runner, workers, index, plan["drain_s"] + WORKER_REPORT_S)
             else:
                 gate.open = False
                 abandoned = gate.drained(index, plan["drain_s"])
             out.write(json.dumps({**trial, "trial": index, "start": start, "w0": before.wall, "w1": after.wall,
-                                  "end": time.time(), "abandoned": abandoned,
+                                  "end": time.time(), "abandoned": abandoned, "unreported_workers": unreported,
                                   "cpu": noise.trial_cpu(before, after, own, stubs),
                                   "rss_mb": noise.rss_mb(stubs)}) + "\n")
     if gate is not None:
@@ -269,7 +276,33 @@ def run_plan(environment, plan: dict) -> None:
     runner.quit()
 
 
-DRAINED: dict[str, int] = {}  # the master: worker -> requests it abandoned, once the closed trial drained
+# the master's ledger of its workers: worker -> its report of the last trial it drained
+# ({"trial", "abandoned": requests given up, "samples": samples of the trial it sent}), and
+# (worker, trial) -> samples of that trial received
+DRAINED: dict[str, dict] = {}
+RECEIVED: dict[tuple[str, int], int] = {}
+WORKER_REPORT_S = 30.0  # how long past a drain the master waits for a worker's report and samples
+# heartbeats a worker may miss before the master calls it missing (Locust's 3, at one a second, is
+# 3 s: a worker stalled that long on a busy machine made the master stop the test, killing the
+# requests in flight, and with its last worker missing, end the trial early and lose their samples)
+WORKER_LIVENESS = 30
+
+
+def workers_drained(runner, workers: set[str], trial: int, timeout_s: float) -> tuple[int, list[str]]:
+    """Wait (at most timeout_s) until every worker reported the trial drained and all the samples
+    it says it sent for the trial have arrived; returns the requests the workers abandoned and the
+    workers that did not report (the trial's record names them: samples may be lost). A worker the
+    master has forgotten (it stopped or quit) is not waited for: it gets no more messages."""
+    def done(w: str) -> bool:
+        r = DRAINED.get(w)
+        return r is not None and r["trial"] == trial and RECEIVED.get((w, trial), 0) >= r["samples"]
+
+    deadline = time.monotonic() + timeout_s
+    while (not all(done(w) or w not in runner.clients for w in workers)
+           and time.monotonic() < deadline):
+        gevent.sleep(0.01)
+    abandoned = sum(DRAINED[w]["abandoned"] for w in workers if w in DRAINED and DRAINED[w]["trial"] == trial)
+    return abandoned, sorted(w for w in workers if not done(w))
 
 
 def _is_worker(environment) -> bool:
@@ -296,6 +329,7 @@ def _load_prompts(o) -> list[str]:
 
 
 STATE: dict[int, _State] = {}
+PLANNED: set[int] = set()  # environments whose trial plan has started
 
 
 def state(environment) -> _State:
@@ -313,7 +347,10 @@ def _on_init(environment, **kwargs) -> None:
     if not isinstance(runner, WorkerRunner):
         def on_spawned(**kw) -> None:  # every user exists (on every worker): the plan's first trial may start
             o = environment.parsed_options
-            if o is not None and o.trial_plan:
+            if o is not None and o.trial_plan and id(environment) not in PLANNED:
+                # once: the master fires spawning_complete again when it rebalances users (a worker
+                # that went missing for a moment), and a second plan would quit the run under the first
+                PLANNED.add(id(environment))
                 with open(o.trial_plan) as f:
                     plan = json.load(f)
                 gevent.spawn(run_plan, environment, plan)
@@ -325,6 +362,9 @@ def _on_init(environment, **kwargs) -> None:
         if not isinstance(runner, WorkerRunner) and environment.parsed_options is not None:
             state(environment)  # prompts too (a worker gets its options from the master when users spawn)
     if isinstance(runner, MasterRunner):
+        import locust.runners
+
+        locust.runners.HEARTBEAT_LIVENESS = WORKER_LIVENESS  # read on each heartbeat (Locust has no option)
         o = environment.parsed_options
         sink = {"file": None}
 
@@ -334,6 +374,8 @@ def _on_init(environment, **kwargs) -> None:
                     sink["file"] = open(o.samples_out, "a", buffering=1)
                 for line in msg.data:
                     sink["file"].write(json.dumps(line) + "\n")
+            for line in msg.data:
+                RECEIVED[msg.node_id, line["trial"]] = RECEIVED.get((msg.node_id, line["trial"]), 0) + 1
         runner.register_message("specdec_samples", on_samples)
         runner.register_message("specdec_drained", lambda msg, **kw: DRAINED.__setitem__(msg.node_id, msg.data))
     elif isinstance(runner, WorkerRunner):
@@ -342,9 +384,11 @@ def _on_init(environment, **kwargs) -> None:
             s.gate.model, s.gate.trial, s.gate.open = msg.data["model"], msg.data["trial"], msg.data["open"]
             if not s.gate.open:
                 def report() -> None:
-                    abandoned = s.gate.drained(msg.data["trial"], msg.data["drain_s"])
+                    trial = msg.data["trial"]
+                    abandoned = s.gate.drained(trial, msg.data["drain_s"])
                     s.flush_to_master()
-                    runner.send_message("specdec_drained", abandoned)
+                    runner.send_message("specdec_drained", {"trial": trial, "abandoned": abandoned,
+                                                            "samples": s.gate.sent.get(trial, 0)})
                 gevent.spawn(report)
         runner.register_message("specdec_gate", on_gate)
 
@@ -409,8 +453,12 @@ class _StreamingUser(User):
         except Exception as exc:  # every failure is a recorded error, never a crashed user
             sample.error = sample.error or f"{type(exc).__name__}: {exc}"
             self.reset()
-        sample.e2e = time.perf_counter() - t0
-        self.state.record(sample)
+        except GreenletExit:  # Locust stopped the user mid-request: the server may still serve it
+            sample.error = "the user was stopped while its request was in flight"
+            raise
+        finally:
+            sample.e2e = time.perf_counter() - t0
+            self.state.record(sample)
         if sample.error:
             gevent.sleep(0.5)  # a failing server must not turn into an error storm
 
