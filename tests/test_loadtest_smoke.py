@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +169,7 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     [cell] = report["cells"]
+    assert cell["figures"]["locust_worker_exit_codes"] == [0]  # it quit with the master, not killed
     samples = stats.load_samples(out / cell["samples"])  # written by the master, sent by the worker
     assert samples and all(s["error"] is None and s["tokens"] <= 10 for s in samples)
     served_by = [s["served_model"] for s in samples]
@@ -257,3 +259,20 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
     assert cut and all(s["error"] is None for s in samples if s not in cut), (proc.stdout[-2000:], proc.stderr[-2000:])
     served_requests = stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model="baseline")
     assert served_requests == len(samples), (served_requests, len(samples))
+
+
+def test_a_stopped_server_unloads_the_canary_loaded_after_it_started(served, tmp_path):
+    """`TritonServer.stop` unloads every model before its SIGINT, also a canary router loaded
+    through the repository API after the start (before, it stayed loaded: the unload wait ran to
+    its 30 s timeout and tritonserver then shut down with a model still loaded)."""
+    from specdec.tools.loadtest.canary import write_canary_model
+
+    repo = served.model_repository.parent / "stop_repository"  # beside it: the same relative checkpoint paths
+    shutil.copytree(served.model_repository / "baseline", repo / "baseline")
+    with TritonServer(repo, exit_timeout_s=2, log_file=tmp_path / "tritonserver.log") as server:
+        write_canary_model(repo, "baseline", "baseline", share=0.5)
+        r = requests.post(f"http://{server.http_url}/v2/repository/models/canary/load", json={}, timeout=120)
+        assert r.status_code == 200, r.text
+        server.unload_models(timeout_s=10)
+        index = json.loads(server.post("/v2/repository/index"))
+        assert [m["name"] for m in index if m.get("state") in ("READY", "UNLOADING")] == [], index

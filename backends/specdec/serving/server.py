@@ -250,8 +250,11 @@ class TritonServer:
         """Unload every model and wait (bounded) until none is left: tritonserver then exits at once.
         Its own shutdown counts a decoupled model's streams as no in-flight inference, starts
         unloading and, at --exit-timeout-secs, exits while they still run ("Exit timeout expired.
-        Exiting immediately"), which crashed it (`malloc(): unaligned tcache chunk detected`)."""
-        for model in self.models:
+        Exiting immediately"), which crashed it (`malloc(): unaligned tcache chunk detected`).
+        Every model the server has ready, also those loaded later through the repository API (a
+        canary router): one left loaded kept the wait to its timeout."""
+        index = json.loads(self.post("/v2/repository/index"))
+        for model in {m["name"] for m in index if m.get("state") == "READY"} | set(self.models):
             self.post(f"/v2/repository/models/{model}/unload")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and any(

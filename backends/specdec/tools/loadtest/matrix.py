@@ -219,6 +219,7 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
         except subprocess.TimeoutExpired:
             w.kill()
             w.wait()
+    worker_exit_codes = [w.returncode for w in workers]  # -9: killed, it did not quit
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
     after = scrape(cfg.metrics_url)
     samples = stats.load_samples(samples_path)
@@ -229,7 +230,8 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
         mine = [t for t in trials if t["model"] == model]
         cell_samples = [s for s in samples if s.get("model") == model]
         fig = cell_figures(cell_samples, mine, before, after, model)
-        fig.update({"locust_exit_code": proc.returncode, "level_wall_s": wall})
+        fig.update({"locust_exit_code": proc.returncode, "locust_worker_exit_codes": worker_exit_codes,
+                    "level_wall_s": wall})
         if not cell_samples:
             fig["error"] = f"no samples (locust exit code {proc.returncode}; see {level_dir / 'locust.log'})"
         elif len(mine) < cfg.rounds:

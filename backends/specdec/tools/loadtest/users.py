@@ -271,7 +271,10 @@ def run_plan(environment, plan: dict) -> None:
                                   "end": time.time(), "abandoned": abandoned, "unreported_workers": unreported,
                                   "cpu": noise.trial_cpu(before, after, own, stubs),
                                   "rss_mb": noise.rss_mb(stubs)}) + "\n")
-    if gate is not None:
+    if master:  # the workers' users stop at once (waiting at the shut gate, they would hold up the
+        # workers' quit for --stop-timeout, and the matrix killed them)
+        runner.send_message("specdec_finished")
+    else:
         gate.finished = True
     runner.quit()
 
@@ -391,6 +394,7 @@ def _on_init(environment, **kwargs) -> None:
                                                             "samples": s.gate.sent.get(trial, 0)})
                 gevent.spawn(report)
         runner.register_message("specdec_gate", on_gate)
+        runner.register_message("specdec_finished", lambda msg, **kw: setattr(state(environment).gate, "finished", True))
 
         def periodic() -> None:
             while True:
