@@ -40,3 +40,26 @@ def test_arrivals_keep_that_many_in_flight_and_return_each_prompts_tokens():
     outputs = arrivals(engine, params, prompts, 2)
     assert max(batches) == 2 and len(batches) > 12  # more steps than one generation: they queued
     assert outputs == [r.token_ids for r in engine.generate(prompts, params)]
+
+
+def test_engine_ab_against_eager_layers(capsys):
+    """`--eager`: the A side is this checkout with its decoder layers eager, the B side native."""
+    import pytest
+
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.models import native
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+    from specdec.tools.forward_ab import eager_layers
+
+    config = EngineConfig.of(method="draft", max_batch=2, policy="fixed", **kit_paths(DEMO_KIT))
+    with eager_layers():
+        eager = build_engine(config)
+    assert eager.target.native is None and eager.proposer.chain is None
+    assert native.library() is not None and build_engine(config).target.native is not None
+    main(["--eager", "--method", "draft", "--batch", "2", "--rounds", "1", "--max-tokens", "16"])
+    assert re.search(r"draft, batch 2, fixed policy, .*: eager [\d.]+ s, this checkout [\d.]+ s; speedup median "
+                     r"[\d.]+x .*identical outputs", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["--eager", "--rev", "HEAD", "--method", "draft"])

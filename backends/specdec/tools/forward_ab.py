@@ -4,6 +4,10 @@
     python -m specdec.tools.forward_ab --rev 43e8d00 --method eagle2 --batch 8
     python -m specdec.tools.forward_ab --rev 9d7df4d --method eagle --batch 8 --policy adaptive
     python -m specdec.tools.forward_ab --rev d47dbba --method eagle --batch 8 --policy adaptive --in-flight 4 --max-tokens 32
+    python -m specdec.tools.forward_ab --eager --method draft --batch 8
+
+`--eager` compares this checkout with itself, its decoder layers eager (`SPECDEC_NATIVE=0`) on the
+A side: what the native decoder gains on this machine.
 
 A whole-command timing cannot separate a faster forward from the machine's drift, and timed unit
 tests prove nothing; this imports the earlier commit's `specdec` package under another name beside
@@ -18,8 +22,10 @@ depend on the policy).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import io
+import os
 import re
 import statistics
 import subprocess
@@ -66,20 +72,41 @@ def time_pairs(forwards: dict[str, Callable[[], object]], calls: int) -> dict[st
     return times
 
 
-def engines_ab(package: str, args: argparse.Namespace) -> None:
-    """Whole engines of one method, the earlier commit's against this checkout's."""
+@contextlib.contextmanager
+def eager_layers():
+    """Engines built inside run every forward eager (`SPECDEC_NATIVE=0`, read when a model is prepared)."""
+    saved = os.environ.get("SPECDEC_NATIVE")
+    os.environ["SPECDEC_NATIVE"] = "0"
+    native.library.cache_clear()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["SPECDEC_NATIVE"]
+        else:
+            os.environ["SPECDEC_NATIVE"] = saved
+        native.library.cache_clear()
+
+
+def engines_ab(package: str | None, args: argparse.Namespace) -> None:
+    """Whole engines of one method, the earlier commit's (or, package None, this checkout's with
+    eager layers) against this checkout's."""
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine, freeze_heap
     from specdec.core.sampling import SamplingParams
     from specdec.tools.bench import kit_paths
     from specdec.tools.prompts import heldout_prompts
 
-    old_config = importlib.import_module(package + ".core.config")
-    old_build = importlib.import_module(package + ".core.engine_config").build_engine
-    old_params = importlib.import_module(package + ".core.sampling").SamplingParams
     settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
-    engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params),
-               "this checkout": (build_engine(EngineConfig.of(**settings)), SamplingParams)}
+    if package is None:
+        with eager_layers():
+            engines = {args.rev: (build_engine(EngineConfig.of(**settings)), SamplingParams)}
+    else:
+        old_config = importlib.import_module(package + ".core.config")
+        old_build = importlib.import_module(package + ".core.engine_config").build_engine
+        old_params = importlib.import_module(package + ".core.sampling").SamplingParams
+        engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params)}
+    engines["this checkout"] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
     freeze_heap()
     prompts = heldout_prompts(8)
 
@@ -158,7 +185,8 @@ def forwards_ab(package: str, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rev", required=True, help="git revision to compare against (e.g. a commit before a change)")
+    ap.add_argument("--rev", help="git revision to compare against (e.g. a commit before a change)")
+    ap.add_argument("--eager", action="store_true", help="--method: compare against this checkout with eager layers")
     ap.add_argument("--model", default="target", help="checkpoint folder under the kit (target, draft) (default: target)")
     ap.add_argument("--kit", default=str(DEMO_KIT), help="folder with the checkpoints (default: demo kit)")
     ap.add_argument("--threads", type=int, default=1)
@@ -173,8 +201,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="--method: keep this many requests in flight over 48 (the prompts 6 times), each "
                          "finished one submitting the next (default: 0, all 8 prompts at once)")
     args = ap.parse_args(argv)
+    if bool(args.rev) == args.eager or (args.eager and not args.method):
+        ap.error("give --rev REV, or --eager with --method")
     torch.set_num_threads(args.threads)
     native.set_threads(args.threads)  # this checkout's native pool; an earlier one's follows its own rules
+    if args.eager:
+        args.rev = "eager"
+        engines_ab(None, args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         package = import_revision(args.rev, Path(tmp))
         (engines_ab if args.method else forwards_ab)(package, args)
