@@ -16,6 +16,20 @@ from specdec.core.models.heads import EagleHead
 from specdec.core.models.linear import InferenceLinear
 from specdec.core.models.llama import run_decoder
 
+
+@pytest.fixture(autouse=True)
+def every_row_count_native(monkeypatch):
+    """The kernels are checked at every row count on every CPU: without AVX-512 only single rows
+    run natively in use (`native.NATIVE_MAX_ROWS`), but the kernels still compile and run there."""
+    monkeypatch.setattr(native, "NATIVE_MAX_ROWS", 1024)
+
+
+def test_without_avx512_only_single_rows_run_natively(monkeypatch):
+    monkeypatch.setattr(native, "_cpu_signature", lambda: "x86_64flags\t: fpu avx2 fma")
+    assert native._max_rows() == 1
+    monkeypatch.setattr(native, "_cpu_signature", lambda: "x86_64flags\t: fpu avx2 avx512f avx512bw")
+    assert native._max_rows() == 1024
+
 PREFIX = [5, 3]  # two sequences' committed lengths (different: per-row starts and masks)
 
 

@@ -34,13 +34,6 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decoder.c")
 # -Wno-psabi: without AVX-512 GCC warns that its 16-float vectors change the ABI (of static functions only)
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-lm", "-Wno-psabi"]
-# More rows than this in one forward (prompts' prefill at a large batch) go to the eager layers.
-# At one thread the native matmul runs 65-1024 rows as fast as oneDNN's packed GEMM (0.95-1.08x)
-# and the native forward is 1.2-2.2x the eager one there (the kit's target, 1 x 72 to 8 x 128
-# rows: the eager layers' other operations, not the GEMM, cost it); at 2 threads 1.1-2.3x, but
-# 0.92x for one 512-token row. A cap of 64, kept before, sent every prompt's prefill and every
-# long catch-up to the eager layers (docs/engine.md).
-NATIVE_MAX_ROWS = 1024
 
 
 def native_cache_dir() -> Path:
@@ -55,6 +48,24 @@ def _cpu_signature() -> str:
     except (OSError, StopIteration):
         flags = ""
     return platform.machine() + flags
+
+
+def _max_rows() -> int:
+    """NATIVE_MAX_ROWS on this CPU: decoder.c's kernels are written for 16-float vectors held in
+    one register (AVX-512; their 6 x 4 blocks keep 24 such accumulators in registers)."""
+    return 1024 if "avx512f" in _cpu_signature().split() else 1
+
+
+# More rows than this in one forward (prompts' prefill at a large batch) go to the eager layers.
+# With AVX-512, at one thread the native matmul runs 65-1024 rows as fast as oneDNN's packed GEMM
+# (0.95-1.08x) and the native forward is 1.2-2.2x the eager one there (the kit's target, 1 x 72 to
+# 8 x 128 rows: the eager layers' other operations, not the GEMM, cost it); at 2 threads 1.1-2.3x,
+# but 0.92x for one 512-token row. A cap of 64, kept before, sent every prompt's prefill and every
+# long catch-up to the eager layers (docs/engine.md). Without AVX-512 the kernels' accumulators
+# spill (16 ymm registers hold 8 of the 24): on an AVX2 EPYC the target's native forward took
+# 2.06 ms for one row (eager 3.77), but 8.75 ms for 2 (eager 3.85), 14.5 for 5 (4.34), 25.3 for
+# 8 x 1 (5.73) and 109 for 8 x 5 (9.24): there only single rows run natively.
+NATIVE_MAX_ROWS = _max_rows()
 
 
 @cache
