@@ -223,7 +223,10 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
     after = scrape(cfg.metrics_url)
     samples = stats.load_samples(samples_path)
-    trials = measured(stats.load_samples(trials_path))
+    all_trials = stats.load_samples(trials_path)
+    trials = measured(all_trials)
+    # warm-up trials too: a sample lost there is missing from the level's checks against the server
+    unreported = sorted({w for t in all_trials for w in t.get("unreported_workers", [])})
     wall = round(time.time() - t0, 2)
     cells = []
     for model in models:
@@ -236,7 +239,7 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
             fig["error"] = f"no samples (locust exit code {proc.returncode}; see {level_dir / 'locust.log'})"
         elif len(mine) < cfg.rounds:
             fig["error"] = f"{len(mine)} of {cfg.rounds} trials ran (see {level_dir / 'locust.log'})"
-        elif unreported := sorted({w for t in mine for w in t.get("unreported_workers", [])}):
+        elif unreported:
             fig["error"] = (f"Locust worker(s) {', '.join(unreported)} did not report a trial drained: its samples "
                             f"may be lost (see {level_dir / 'locust.log'})")
         elif before and not after:
