@@ -51,9 +51,9 @@ def _cpu_signature() -> str:
 
 
 def _max_rows() -> int:
-    """NATIVE_MAX_ROWS on this CPU: decoder.c's kernels are written for 16-float vectors held in
-    one register (AVX-512; their 6 x 4 blocks keep 24 such accumulators in registers)."""
-    return 1024 if "avx512f" in _cpu_signature().split() else 1
+    """NATIVE_MAX_ROWS on this CPU: decoder.c's matmul keeps 6 rows x 64 outputs in registers with
+    AVX-512, 6 rows x 16 outputs without (its weights then stream once per 16 outputs, not 64)."""
+    return 1024 if "avx512f" in _cpu_signature().split() else 16
 
 
 # More rows than this in one forward (prompts' prefill at a large batch) go to the eager layers.
@@ -61,10 +61,10 @@ def _max_rows() -> int:
 # (0.95-1.08x) and the native forward is 1.2-2.2x the eager one there (the kit's target, 1 x 72 to
 # 8 x 128 rows: the eager layers' other operations, not the GEMM, cost it); at 2 threads 1.1-2.3x,
 # but 0.92x for one 512-token row. A cap of 64, kept before, sent every prompt's prefill and every
-# long catch-up to the eager layers (docs/engine.md). Without AVX-512 the kernels' accumulators
-# spill (16 ymm registers hold 8 of the 24): on an AVX2 EPYC the target's native forward took
-# 2.06 ms for one row (eager 3.77), but 8.75 ms for 2 (eager 3.85), 14.5 for 5 (4.34), 25.3 for
-# 8 x 1 (5.73) and 109 for 8 x 5 (9.24): there only single rows run natively.
+# long catch-up to the eager layers (docs/engine.md). Without AVX-512 (an AVX2 EPYC, the 8-float
+# kernels) the target's native forward against the eager one: 0.78 / 0.79 ms for 1 row, 1.61 /
+# 4.15 for 2, 2.64 / 4.93 for 5, 4.12 / 6.45 for 8 x 1, 6.83 / 8.18 for 8 x 2, 6.71 / 6.96 for
+# 1 x 16, but 8.20 / 8.09 for 4 x 5, 12.8 / 8.91 for 1 x 32 and 15.0 / 11.0 for 8 x 5.
 NATIVE_MAX_ROWS = _max_rows()
 
 

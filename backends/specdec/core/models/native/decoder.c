@@ -141,8 +141,70 @@ static inline void st(float *p, v16 v) { *(v16 *)p = v; }
                 by1[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt, M, ob, bias, out + r * M);    \
     }
 #define ROWS 6
+#if defined(__AVX512F__)
 MM_KERNELS(float, ld_f32)
 MM_KERNELS(_Float16, ld_f16)
+#else
+/* Without AVX-512 a v16 is two ymm registers, and GCC lowered the kernels above badly: it kept
+ * the accumulators in memory and broadcast each x through 16 scalar stores (on an AVX2 EPYC one
+ * row of a 1536 x 256 matmul took 191 us, F.linear's 8x, and 6 rows 6x that). These work on
+ * 8-float halves, one 16-column unit c of a block at a time (its weights at stride 16 NC floats a
+ * step of h): RB rows x 2 halves are 2 RB ymm accumulators, beside 2 weight halves and a
+ * broadcast, so 6 rows fit 16 registers. Every output's sum runs over h in the same order, with
+ * the same FMAs, for any RB: results do not depend on the rows beside a row. */
+static inline v8 ld8_f32(const float *p) { return *(const v8 *)p; }
+static inline v8 ld8_f16(const _Float16 *p) {
+#if defined(__F16C__)
+    return (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    typedef _Float16 h8 __attribute__((vector_size(16), aligned(2)));
+    return __builtin_convertvector(*(const h8 *)p, v8);
+#endif
+}
+#define MM8_KERNEL(RB, WT, LOAD)                                                                 \
+    static void mm8_##RB##_##LOAD(const float *x, int64_t N, const WT *w, int64_t S,            \
+                                  const float *bias, float *out, int64_t M) {                   \
+        v8 acc[RB][2];                                                                           \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                   \
+            acc[r][0] = bias ? ld8_f32(bias) : (v8){0};                                          \
+            acc[r][1] = bias ? ld8_f32(bias + 8) : (v8){0};                                      \
+        }                                                                                        \
+        _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
+            v8 w0 = LOAD(w + h * S), w1 = LOAD(w + h * S + 8);                                   \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
+                v8 xv = (v8){0} + x[r * N + h];                                                  \
+                acc[r][0] += xv * w0;                                                            \
+                acc[r][1] += xv * w1;                                                            \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                   \
+            *(v8 *)(out + r * M) = acc[r][0];                                                    \
+            *(v8 *)(out + r * M + 8) = acc[r][1];                                                \
+        }                                                                                        \
+    }
+#define MM8_KERNELS(WT, LOAD)                                                                    \
+    MM8_KERNEL(1, WT, LOAD) MM8_KERNEL(2, WT, LOAD) MM8_KERNEL(3, WT, LOAD)                      \
+    MM8_KERNEL(4, WT, LOAD) MM8_KERNEL(5, WT, LOAD) MM8_KERNEL(6, WT, LOAD)                      \
+    static void matmul_##LOAD(const float *x, int64_t R, int64_t N, const WT *wt,               \
+                              const float *bias, int64_t M, float *out, int64_t begin, int64_t end) { \
+        typedef void (*fn)(const float *, int64_t, const WT *, int64_t, const float *, float *, int64_t); \
+        static const fn by[ROWS + 1] = {0, mm8_1_##LOAD, mm8_2_##LOAD, mm8_3_##LOAD,             \
+                                        mm8_4_##LOAD, mm8_5_##LOAD, mm8_6_##LOAD};              \
+        int64_t whole = M / 64 * 64;                                                             \
+        for (int64_t ob = begin; ob < end; ob += ob < whole ? 64 : 16) {                         \
+            int64_t units = ob < whole ? 4 : 1; /* 16-column units of this block */              \
+            for (int64_t c = 0; c < units; c++)                                                  \
+                for (int64_t r = 0; r < R; r += ROWS)                                            \
+                    by[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt + ob * N + 16 * c, 16 * units, \
+                                                   bias ? bias + ob + 16 * c : NULL,            \
+                                                   out + r * M + ob + 16 * c, M);               \
+        }                                                                                        \
+    }
+MM8_KERNELS(float, ld8_f32)
+MM8_KERNELS(_Float16, ld8_f16)
+#define matmul_ld_f32 matmul_ld8_f32
+#define matmul_ld_f16 matmul_ld8_f16
+#endif
 
 /* A pool of worker threads for parallel sections, started on demand. The caller runs part 0 of
  * each section; a worker spins up to SPIN_NS for the next one, then sleeps on a condition
