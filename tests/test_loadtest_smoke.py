@@ -32,6 +32,16 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 16
 
 
+def served_requests(before: dict, after: dict, model: str) -> float:
+    """Requests the server counted for `model` between two scrapes of its metrics."""
+    return stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model=model)
+
+
+def locust_log_tails(folder: Path) -> dict[str, str]:
+    """The ends of the Locust logs under `folder`, for an assertion's message."""
+    return {p.name: p.read_text()[-3000:] for p in sorted(folder.rglob("locust*.log"))}
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("loadtest")
@@ -179,15 +189,14 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     for s in samples:  # greedy: the speculative model streams exactly the baseline's tokens
         tokens.setdefault(s["prompt_index"], set()).add(s["tokens"])
     assert all(len(v) == 1 for v in tokens.values())
-    seen = {m: stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model=m)
-            for m in ("baseline", "spec_draft")}
+    seen = {m: served_requests(before, after, m) for m in ("baseline", "spec_draft")}
     generated = sum(stats.metric_delta(before, after, "specdec:generation_tokens", model=m)
                     for m in ("baseline", "spec_draft"))
     # every request the server counted has its sample (clean-clone runs lost the two in flight when
     # the worker stalled: test_a_stalled_worker_loses_no_request); on a mismatch the message names
     # the models, the tokens, and the tails of Locust's logs
     served_count = {m: served_by.count(m) for m in seen}
-    logs = {p.name: p.read_text()[-3000:] for p in sorted(out.rglob("locust*.log"))}
+    logs = locust_log_tails(out)
     assert seen == served_count and generated == sum(s["tokens"] for s in samples), (
         seen, served_count, generated, sum(s["tokens"] for s in samples), logs)
     split = {c["model"]: c for c in report["canary_cells"]}
@@ -232,10 +241,10 @@ def test_a_stalled_worker_loses_no_request(served, tmp_path):
     after = scrape(served.metrics_url)
     assert len(stalled) == 1  # the worker process
     samples = stats.load_samples(level / "samples.jsonl")
-    logs = {p.name: p.read_text()[-3000:] for p in sorted(level.glob("locust*.log"))}
+    logs = locust_log_tails(level)
     assert "error" not in cell["figures"] and all(s["error"] is None for s in samples), (cell["figures"], logs)
-    served_requests = stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model="baseline")
-    assert served_requests == len(samples) > 0, (served_requests, len(samples), logs)
+    served = served_requests(before, after, "baseline")
+    assert served == len(samples) > 0, (served, len(samples), logs)
     assert cell["figures"]["server_output_tokens"] == sum(s["tokens"] for s in samples)
 
 
@@ -257,8 +266,8 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
     samples = stats.load_samples(out)
     cut = [s for s in samples if s["error"] == "the user was stopped while its request was in flight"]
     assert cut and all(s["error"] is None for s in samples if s not in cut), (proc.stdout[-2000:], proc.stderr[-2000:])
-    served_requests = stats.metric_delta(before, after, "specdec:request_queue_time_seconds_count", model="baseline")
-    assert served_requests == len(samples), (served_requests, len(samples))
+    served = served_requests(before, after, "baseline")
+    assert served == len(samples), (served, len(samples))
 
 
 def test_a_stopped_server_unloads_the_canary_loaded_after_it_started(served, tmp_path):

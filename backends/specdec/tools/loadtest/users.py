@@ -372,12 +372,11 @@ def _on_init(environment, **kwargs) -> None:
         sink = {"file": None}
 
         def on_samples(msg, **kw) -> None:
-            if o.samples_out:
-                if sink["file"] is None:
-                    sink["file"] = open(o.samples_out, "a", buffering=1)
-                for line in msg.data:
-                    sink["file"].write(json.dumps(line) + "\n")
+            if o.samples_out and sink["file"] is None:
+                sink["file"] = open(o.samples_out, "a", buffering=1)
             for line in msg.data:
+                if sink["file"] is not None:
+                    sink["file"].write(json.dumps(line) + "\n")
                 RECEIVED[msg.node_id, line["trial"]] = RECEIVED.get((msg.node_id, line["trial"]), 0) + 1
         runner.register_message("specdec_samples", on_samples)
         runner.register_message("specdec_drained", lambda msg, **kw: DRAINED.__setitem__(msg.node_id, msg.data))
