@@ -161,14 +161,15 @@ def forwards_ab(package: str, args: argparse.Namespace) -> None:
     folder = str(Path(args.kit) / args.model)
     old = importlib.import_module(package + ".core.models.checkpoint")
     models = {args.rev: old.load_model(folder), "this checkout": load_model(folder)}
-    caches = {k: m.new_cache(8, 512) for k, m in models.items()}
+    shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
+    capacity = args.context + 2 + max(T for _, T in shapes)
+    caches = {k: m.new_cache(max(B for B, _ in shapes), capacity) for k, m in models.items()}
     print(f"{folder}, {args.threads} thread(s), {args.calls} alternating pairs per shape; "
           f"speedup = {args.rev} time / this checkout's time, per pair")
     with torch.inference_mode():
-        for shape in args.shapes.split(","):
-            B, T = map(int, shape.split("x"))
+        for B, T in shapes:
             tokens = torch.randint(0, models[args.rev].config.vocab_size, (B, T), generator=torch.Generator().manual_seed(B * 100 + T))
-            starts = [100 + b % 3 for b in range(B)]  # rows at different lengths, as in a running batch
+            starts = [args.context + b % 3 for b in range(B)]  # rows at different lengths, as in a running batch
             positions = torch.tensor(starts)[:, None] + torch.arange(T)
             forwards = {k: (lambda m=m, c=caches[k]: m.logits(m(tokens, positions, c, list(range(B)), starts)).argmax(-1).tolist())
                         for k, m in models.items()}
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--shapes", default=SHAPES, help=f"batch x new tokens per forward (default: {SHAPES})")
     ap.add_argument("--calls", type=int, default=400, help="paired calls per shape (default: 400)")
+    ap.add_argument("--context", type=int, default=100,
+                    help="committed tokens before a forward's new ones (rows at this + 0, 1, 2) (default: 100)")
     ap.add_argument("--method", help="A/B whole engines of this method (baseline, ngram, draft, medusa, eagle, eagle2)")
     ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
     ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")

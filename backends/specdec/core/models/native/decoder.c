@@ -134,13 +134,20 @@ static inline void st(float *p, v16 v) { *(v16 *)p = v; }
                                          mm_4_1_##LOAD, mm_5_1_##LOAD, mm_6_1_##LOAD};          \
         int64_t whole = M / 64 * 64, ob = begin;                                                 \
         for (; ob < whole && ob < end; ob += 64)                                                 \
-            for (int64_t r = 0; r < R; r += ROWS)                                                \
-                by4[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt, M, ob, bias, out + r * M);    \
+            for (int64_t r = 0, rb; r < R; r += rb)                                              \
+                by4[rb = row_block(R - r)](x + r * N, N, wt, M, ob, bias, out + r * M);          \
         for (; ob < end; ob += 16)                                                               \
-            for (int64_t r = 0; r < R; r += ROWS)                                                \
-                by1[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt, M, ob, bias, out + r * M);    \
+            for (int64_t r = 0, rb; r < R; r += rb)                                              \
+                by1[rb = row_block(R - r)](x + r * N, N, wt, M, ob, bias, out + r * M);          \
     }
 #define ROWS 6
+/* Rows of the next pass over a block with `left` rows to go: as few passes as ROWS allows, of
+ * sizes as even as they go (8 rows: 4 + 4, not 6 + 2, whose 2-row pass loaded a weight vector
+ * for every 2 FMAs). A row's sums do not depend on the rows in its pass. */
+static inline int64_t row_block(int64_t left) {
+    int64_t passes = (left + ROWS - 1) / ROWS;
+    return (left + passes - 1) / passes;
+}
 #if defined(__AVX512F__)
 MM_KERNELS(float, ld_f32)
 MM_KERNELS(_Float16, ld_f16)
@@ -194,8 +201,8 @@ static inline v8 ld8_f16(const _Float16 *p) {
         for (int64_t ob = begin; ob < end; ob += ob < whole ? 64 : 16) {                         \
             int64_t units = ob < whole ? 4 : 1; /* 16-column units of this block */              \
             for (int64_t c = 0; c < units; c++)                                                  \
-                for (int64_t r = 0; r < R; r += ROWS)                                            \
-                    by[R - r < ROWS ? R - r : ROWS](x + r * N, N, wt + ob * N + 16 * c, 16 * units, \
+                for (int64_t r = 0, rb; r < R; r += rb)                                          \
+                    by[rb = row_block(R - r)](x + r * N, N, wt + ob * N + 16 * c, 16 * units,   \
                                                    bias ? bias + ob + 16 * c : NULL,            \
                                                    out + r * M + ob + 16 * c, M);               \
         }                                                                                        \
@@ -399,10 +406,9 @@ static void rope(float *x, const float *cos, const float *sin, int64_t hd) {
     memcpy(x, tmp, hd * sizeof(float));
 }
 
-/* Attention for some of a forward's (row, head) pairs: key j of token i of row b is visible if
- * j < start (the committed prefix) or, rel = j - start, the tree mask allows rel (causal without
- * one: rel <= i). Part p of a parallel section takes pairs p n / parts .. (p + 1) n / parts, and
- * its own scores buffer. */
+/* Attention over a forward's (row, head) pairs: key j of token i of row b is visible if j < start
+ * (the committed prefix) or, rel = j - start, the tree mask allows rel (causal without one:
+ * rel <= i). */
 typedef struct {
     const float *qkv;
     float *att, *scores;
@@ -418,47 +424,106 @@ typedef struct {
     int64_t R;
 } Attention;
 
+/* The 16 sums of 16 vectors, each in hsum16's order (halves, then quarters, then (0 + 2) + (1 + 3)),
+ * as one vector: 15 vector additions and 30 shuffles, where 16 hsum16s take 32 vector and 48
+ * scalar additions and 64 shuffles and extractions */
+static inline v16 hsum16x16(const v16 *v) {
+    v16 s1[8], s2[4], s3[2];
+    for (int m = 0; m < 8; m++)  /* [key 2m: 8 partials, key 2m + 1: 8] */
+        s1[m] = __builtin_shufflevector(v[2 * m], v[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                __builtin_shufflevector(v[2 * m], v[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int m = 0; m < 4; m++)  /* 4 keys x 4 */
+        s2[m] = __builtin_shufflevector(s1[2 * m], s1[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                __builtin_shufflevector(s1[2 * m], s1[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int m = 0; m < 2; m++)  /* 8 keys x (0 + 2, 1 + 3) */
+        s3[m] = __builtin_shufflevector(s2[2 * m], s2[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                __builtin_shufflevector(s2[2 * m], s2[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(s3[0], s3[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(s3[0], s3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* One (row, head) pair's attention, with hd = 16 ne (ne a constant where `attend_pair` inlines
+ * it). Scores first: the committed prefix with no visibility test, then the new tokens'. The
+ * weighted sum of values runs in registers, over even and odd keys apart (added at the end):
+ * summed in memory, key after key, each key waited for the last one's store (a chain of
+ * store-to-load latencies), and at 256 keys of context a 5-token verification's attention took
+ * longer than its matmuls. Every pair is computed in this order whatever else is in the forward. */
+static inline __attribute__((always_inline)) void attend(const Attention *a, int64_t pair, float *scores, int64_t ne) {
+    const int64_t nq = a->nq, nkv = a->nkv, hd = a->hd;
+    int64_t r = pair / nq, h = pair % nq, b = a->rows[r] / a->T, i = a->rows[r] % a->T;
+    int64_t start = a->starts[b], len = start + a->W, step = nkv * hd, g = h / a->group;
+    const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
+    const uint8_t *tm = a->tree_mask ? a->tree_mask + a->rows[r] * a->W : NULL;
+    const float *q = a->qkv + r * a->QKV + h * hd;
+    float *o = a->att + r * nq * hd + h * hd;
+    v16 qv[32];
+    for (int64_t e = 0; e < ne; e++) qv[e] = ld(q + 16 * e);
+    float mx = -INFINITY;
+    int64_t j = 0;
+    if (start >= 16) {  /* the prefix, 16 keys at a time */
+        v16 top = (v16){0} - INFINITY;
+        for (; j + 16 <= start; j += 16) {
+            v16 acc[16];
+            for (int64_t u = 0; u < 16; u++) {
+                const float *k = ks + (j + u) * step;
+                acc[u] = qv[0] * ld(k);
+                for (int64_t e = 1; e < ne; e++) acc[u] += qv[e] * ld(k + 16 * e);
+            }
+            v16 s = hsum16x16(acc) * a->scale;
+            st(scores + j, s);
+            top = sel(s > top, s, top);
+        }
+        for (int u = 0; u < 16; u++) mx = top[u] > mx ? top[u] : mx;
+    }
+    for (; j < len; j++) {
+        if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { scores[j] = -INFINITY; continue; }
+        const float *k = ks + j * step;
+        v16 acc = qv[0] * ld(k);
+        for (int64_t e = 1; e < ne; e++) acc += qv[e] * ld(k + 16 * e);
+        float s = hsum16(acc) * a->scale;
+        scores[j] = s;
+        mx = s > mx ? s : mx;
+    }
+    if (mx == -INFINITY) { memset(o, 0, hd * sizeof(float)); return; }
+    for (int64_t j = len; j % 16; j++) scores[j] = -INFINITY;
+    v16 total = {0};
+    for (int64_t j = 0; j < len; j += 16) {  /* hidden keys weigh exactly 0 */
+        v16 sc = ld(scores + j);
+        v16 p = sel(sc > -INFINITY, exp16(sc - mx), (v16){0});
+        st(scores + j, p);
+        total += p;
+    }
+    v16 even[32], odd[32];
+    for (int64_t e = 0; e < ne; e++) even[e] = odd[e] = (v16){0};
+    for (j = 0; j + 1 < len; j += 2) {
+        const float *v = vs + j * step;
+        v16 p0 = (v16){0} + scores[j], p1 = (v16){0} + scores[j + 1];
+        for (int64_t e = 0; e < ne; e++) {
+            even[e] += p0 * ld(v + 16 * e);
+            odd[e] += p1 * ld(v + step + 16 * e);
+        }
+    }
+    if (j < len) {
+        v16 p0 = (v16){0} + scores[j];
+        for (int64_t e = 0; e < ne; e++) even[e] += p0 * ld(vs + j * step + 16 * e);
+    }
+    float inv = 1.0f / hsum16(total);
+    for (int64_t e = 0; e < ne; e++) st(o + 16 * e, (even[e] + odd[e]) * inv);
+}
+
+/* Some of a forward's (row, head) pairs: part p of a parallel section takes pairs p n / parts ..
+ * (p + 1) n / parts, with its own scores buffer; head sizes of 32, 64 and 128 get their own code. */
 static void attention_part(void *arg, int part, int parts) {
     const Attention *a = arg;
-    const int64_t nq = a->nq, nkv = a->nkv, hd = a->hd, n = a->R * nq;
+    const int64_t n = a->R * a->nq, ne = a->hd / 16;
     float *scores = a->scores + part * a->scores_stride;
     for (int64_t pair = n * part / parts; pair < n * (part + 1) / parts; pair++) {
-        int64_t r = pair / nq, h = pair % nq, b = a->rows[r] / a->T, i = a->rows[r] % a->T;
-        const float *ks = a->kc + a->slots[b] * a->slot_stride, *vs = a->vc + a->slots[b] * a->slot_stride;
-        int64_t start = a->starts[b], len = start + a->W, g = h / a->group;
-        const uint8_t *tm = a->tree_mask ? a->tree_mask + a->rows[r] * a->W : NULL;
-        const float *q = a->qkv + r * a->QKV + h * hd;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < len; j++) {
-            int64_t rel = j - start;
-            int visible = rel < 0 || (tm ? tm[rel] : rel <= i);
-            if (!visible) { scores[j] = -INFINITY; continue; }
-            const float *k = ks + j * nkv * hd + g * hd;
-            v16 acc = ld(q) * ld(k);
-            for (int64_t e = 16; e < hd; e += 16) acc += ld(q + e) * ld(k + e);
-            float s = hsum16(acc) * a->scale;
-            scores[j] = s;
-            if (s > mx) mx = s;
+        switch (ne) {
+        case 2: attend(a, pair, scores, 2); break;
+        case 4: attend(a, pair, scores, 4); break;
+        case 8: attend(a, pair, scores, 8); break;
+        default: attend(a, pair, scores, ne);
         }
-        float *o = a->att + r * nq * hd + h * hd;
-        memset(o, 0, hd * sizeof(float));
-        if (mx == -INFINITY) continue;
-        for (int64_t j = len; j % 16; j++) scores[j] = -INFINITY;
-        v16 total = {0};
-        for (int64_t j = 0; j < len; j += 16) {  /* hidden keys weigh exactly 0 */
-            v16 sc = ld(scores + j);
-            v16 p = sel(sc > -INFINITY, exp16(sc - mx), (v16){0});
-            st(scores + j, p);
-            total += p;
-        }
-        for (int64_t j = 0; j < len; j++) {
-            float p = scores[j];
-            if (p == 0) continue;
-            const float *v = vs + j * nkv * hd + g * hd;
-            for (int64_t e = 0; e < hd; e += 16) st(o + e, ld(o + e) + p * ld(v + e));
-        }
-        float inv = 1.0f / hsum16(total);
-        for (int64_t e = 0; e < hd; e += 16) st(o + e, ld(o + e) * inv);
     }
 }
 
