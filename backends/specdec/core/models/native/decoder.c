@@ -442,7 +442,7 @@ static inline v16 hsum16x16(const v16 *v) {
            __builtin_shufflevector(s3[0], s3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-/* One (row, head) pair's attention, with hd = 16 ne (ne a constant where `attend_pair` inlines
+/* One (row, head) pair's attention, with hd = 16 ne (ne a constant where `attention_part` inlines
  * it). Scores first: the committed prefix with no visibility test, then the new tokens'. The
  * weighted sum of values runs in registers, over even and odd keys apart (added at the end):
  * summed in memory, key after key, each key waited for the last one's store (a chain of
