@@ -442,6 +442,14 @@ static inline v16 hsum16x16(const v16 *v) {
            __builtin_shufflevector(s3[0], s3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
+/* A query's products with key k, summed over its 16-float parts: the one computation of a
+ * score before its horizontal sum, so a key scored 16 at a time or alone gets the same bits */
+static inline __attribute__((always_inline)) v16 products(const v16 *qv, const float *k, int64_t ne) {
+    v16 acc = qv[0] * ld(k);
+    for (int64_t e = 1; e < ne; e++) acc += qv[e] * ld(k + 16 * e);
+    return acc;
+}
+
 /* One (row, head) pair's attention, with hd = 16 ne (ne a constant where `attention_part` inlines
  * it). Scores first: the committed prefix with no visibility test, then the new tokens'. The
  * weighted sum of values runs in registers, over even and odd keys apart (added at the end):
@@ -464,11 +472,7 @@ static inline __attribute__((always_inline)) void attend(const Attention *a, int
         v16 top = (v16){0} - INFINITY;
         for (; j + 16 <= start; j += 16) {
             v16 acc[16];
-            for (int64_t u = 0; u < 16; u++) {
-                const float *k = ks + (j + u) * step;
-                acc[u] = qv[0] * ld(k);
-                for (int64_t e = 1; e < ne; e++) acc[u] += qv[e] * ld(k + 16 * e);
-            }
+            for (int64_t u = 0; u < 16; u++) acc[u] = products(qv, ks + (j + u) * step, ne);
             v16 s = hsum16x16(acc) * a->scale;
             st(scores + j, s);
             top = sel(s > top, s, top);
@@ -477,10 +481,7 @@ static inline __attribute__((always_inline)) void attend(const Attention *a, int
     }
     for (; j < len; j++) {
         if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { scores[j] = -INFINITY; continue; }
-        const float *k = ks + j * step;
-        v16 acc = qv[0] * ld(k);
-        for (int64_t e = 1; e < ne; e++) acc += qv[e] * ld(k + 16 * e);
-        float s = hsum16(acc) * a->scale;
+        float s = hsum16(products(qv, ks + j * step, ne)) * a->scale;
         scores[j] = s;
         mx = s > mx ? s : mx;
     }
