@@ -118,12 +118,20 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
             mine = {t["round"]: t["figures"][key] for t in c["trials"]}
             theirs = {t["round"]: t["figures"][key] for t in base["trials"]}
             assert c["ratios"][key] == paired_ratio([mine[r] for r in (0, 1)], [theirs[r] for r in (0, 1)]).to_dict()
+        # the engine's busy time: every phase the model ran, never more than the level's wall time
+        busy = f["engine_seconds"]
+        assert busy["prefill"] > 0 and busy["forward"] > 0 and 0 < sum(busy.values()) < f["level_wall_s"]
+        assert 0 < f["prefill_share"] < 1 and f["decode_ms_per_token"] > 0
         if c["model"] == "spec_draft":
+            assert busy["draft"] > 0
             assert f["acceptance_rate"] == 1.0 and f["mean_accepted_length"] > 1.5
             assert f["acceptance_per_position"] and f["acceptance_per_position"][0] == 1.0
         else:
             assert f["draft_tokens"] == 0 and f["mean_accepted_length"] is None
             assert c["ratios"]["tpot_p50"]["value"] == 1.0
+    rows = {(r["model"], r["concurrency"]): r for r in report["engine_time"]}
+    assert set(rows) == set(by) and all(rows[("baseline", n)]["engine_speedup"] == 1.0 for n in (1, 2))
+    assert "### Where the engine's time went" in md
     [verdict] = report["verdicts"]
     assert verdict["model"] == "spec_draft" and verdict["verdict"] and verdict["reason"]
     assert [lv["concurrency"] for lv in verdict["levels"]] == [1, 2]

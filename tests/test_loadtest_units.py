@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specdec.paths import GUARDRAILS
-from specdec.tools.loadtest import stats
+from specdec.tools.loadtest import report, stats
 from specdec.tools.loadtest.guardrails import (Guardrails, Rule, aa_check, decide, load_guardrails, parse_guardrails,
                                                verdicts)
 from specdec.tools.loadtest.intervals import mean_interval, paired_ratio, rounds_to_clear, t_quantile
@@ -210,6 +210,10 @@ specdec:request_queue_time_seconds_bucket{model="spec",le="0.01"} 1
 specdec:request_queue_time_seconds_bucket{model="spec",le="0.1"} 3
 specdec:request_queue_time_seconds_bucket{model="spec",le="+Inf"} 4
 specdec:generation_tokens{model="other"} 7
+specdec:engine_seconds{model="spec",phase="prefill"} 1.0
+specdec:engine_seconds{model="spec",phase="draft"} 1.0
+specdec:engine_seconds{model="spec",phase="forward"} 2.0
+specdec:engine_seconds{model="other",phase="prefill"} 9.0
 """
 
 
@@ -225,6 +229,38 @@ def test_server_figures_are_deltas_between_scrapes():
     assert 0.1 <= f["queue_wait_p95"] <= 0.1 + 1e-9  # the p95 observation lies in the +Inf bucket
     assert stats.histogram_quantile({}, after, "specdec:request_queue_time_seconds", 0.5, model="spec") == \
         pytest.approx(0.01 + 0.09 * (2 - 1) / 2)
+
+
+def test_engine_figures_split_the_engine_time_of_one_model():
+    after = stats.parse_metrics(PROM)
+    before = {key: 0.0 for key in after}
+    before[("specdec:generation_tokens", (("model", "spec"),))] = 40.0
+    before[("specdec:engine_seconds", (("model", "spec"), ("phase", "forward")))] = 0.5
+    f = stats.server_figures(before, after, "spec")
+    assert f["engine_seconds"] == {"draft": 1.0, "forward": 1.5, "prefill": 1.0}  # deltas; not "other"'s 9 s
+    assert f["prefill_share"] == pytest.approx(1.0 / 3.5)
+    assert f["engine_ms_per_token"] == pytest.approx(3500 / 60)
+    assert f["decode_ms_per_token"] == pytest.approx(2500 / (60 - 4))  # 4 requests: their first tokens are prefill's
+    assert "engine_seconds" not in stats.server_figures(after, after, "spec")  # no engine time: no figures
+
+
+def test_engine_time_rows_compare_with_the_baseline_at_the_same_level():
+    def cell(model, conc, engine_ms, decode_ms, served=None):
+        return {"workload": "w", "model": model, "concurrency": conc,
+                "ratios": {"output_tokens_per_s": {"value": served, "lo": served, "hi": served} if served else None},
+                "figures": {"engine_seconds": {"prefill": 1.0, "draft": 1.0, "forward": 2.0},
+                            "engine_ms_per_token": engine_ms, "decode_ms_per_token": decode_ms}}
+    cells = [cell("base", 1, 2.0, 1.0), cell("spec", 1, 1.6, 0.5, 1.1), cell("base", 4, 1.0, 0.6),
+             cell("spec", 4, 1.25, 0.4, 0.9), {"workload": "w", "model": "trt", "concurrency": 1, "figures": {}}]
+    rows = {(r["model"], r["concurrency"]): r for r in report.engine_time(cells, "base")}
+    assert set(rows) == {("base", 1), ("spec", 1), ("base", 4), ("spec", 4)}  # no engine time, no row
+    assert rows[("spec", 1)]["decode_speedup"] == pytest.approx(2.0)
+    assert rows[("spec", 1)]["engine_speedup"] == pytest.approx(1.25)
+    assert rows[("spec", 4)]["engine_speedup"] == pytest.approx(0.8) and rows[("spec", 4)]["served_speedup"] == 0.9
+    assert rows[("base", 4)]["engine_speedup"] == 1.0
+    assert rows[("spec", 1)]["shares"] == {"prefill": 0.25, "draft": 0.25, "forward": 0.5}
+    md = "\n".join(report.engine_time_lines(list(rows.values())))
+    assert "| spec | 4 | 25 | 25 | 50 | 0 | 0 | 1.25 | 0.40 | 1.50x | 0.80x | 0.90x |" in md
 
 
 # ---- guardrails ----------------------------------------------------------------------------------------------

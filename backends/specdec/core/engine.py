@@ -67,6 +67,14 @@ class EngineMetrics:
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     decode_seconds: float = 0.0  # whole decode steps: the phases plus what no phase covers
 
+    def busy_seconds(self) -> dict[str, float]:
+        """Engine time by phase: "prefill", each decode phase and "other" (what no decode phase
+        covers). The bench's step profile and the served `specdec:engine_seconds` both read it, so a
+        served profile and an in-process one split the time alike."""
+        out = {"prefill": self.prefill_seconds, **self.phase_seconds}
+        out["other"] = max(0.0, self.decode_seconds - sum(self.phase_seconds.values()))
+        return out
+
 
 class Engine:
     def __init__(

@@ -25,6 +25,8 @@ FAMILIES = {
     "specdec:spec_decode_draft_acceptance_rate": ("gauge", "Accepted / proposed draft tokens since start"),
     "specdec:generation_tokens": ("counter", "Output tokens generated"),
     "specdec:prompt_tokens": ("counter", "Prompt tokens prefilled"),
+    "specdec:engine_seconds": ("counter", "Engine thread's busy time by phase: prefill, then a decode step's "
+                               "schedule, policy, draft, inputs, forward, verify, compact, commit, output, other"),
     "specdec:request_success": ("counter", "Finished requests by finished_reason (length, eos, stop, cancelled, error)"),
     "specdec:num_requests_running": ("gauge", "Requests holding a KV slot"),
     "specdec:num_requests_waiting": ("gauge", "Requests queued for a KV slot"),
@@ -58,6 +60,7 @@ class Metrics:
         self.metrics: dict[tuple, object] = {}
         self.seen = {name: 0 for name in ENGINE_COUNTERS}
         self.seen_per_pos: list[int] = []
+        self.seen_busy: dict[str, float] = {}
         self.pending: collections.deque = collections.deque()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -118,6 +121,10 @@ class Metrics:
             if value > before:
                 self.metric("specdec:spec_decode_num_accepted_tokens_per_pos", position=str(pos)).increment(value - before)
         self.seen_per_pos = per_pos
+        for phase, value in m.busy_seconds().items():
+            if value > self.seen_busy.get(phase, 0.0):
+                self.metric("specdec:engine_seconds", phase=phase).increment(value - self.seen_busy.get(phase, 0.0))
+                self.seen_busy[phase] = value
         if m.draft_tokens:
             self.metric("specdec:spec_decode_draft_acceptance_rate").set(m.accepted_tokens / m.draft_tokens)
         running = len(self.engine.running)

@@ -117,8 +117,8 @@ def step_profile(runs: list[EngineMetrics]) -> dict[str, float]:
 
     def per_step(m: EngineMetrics) -> dict[str, float]:
         steps = max(m.steps, 1)
-        out = {p: 1000 * m.phase_seconds[p] / steps for p in PHASES}
-        out["other"] = 1000 * m.decode_seconds / steps - sum(out.values())
+        busy = m.busy_seconds()
+        out = {p: 1000 * busy[p] / steps for p in (*PHASES, "other")}
         out["step"] = 1000 * m.decode_seconds / steps
         out["tokens"] = m.output_tokens / steps  # committed per decode step, whole batch (+ prefill's firsts)
         return out

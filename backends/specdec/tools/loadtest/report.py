@@ -29,6 +29,10 @@ RATIO_COLUMNS = ["output_tokens_per_s", "tpot_p50", "tpot_p95", "ttft_p50", "ttf
                  "cpu_ms_per_token"]
 
 
+# the engine-time table's phase columns (shares of the engine thread's busy time); "rest" is the other phases
+ENGINE_COLUMNS = ["prefill", "draft", "forward", "verify"]
+
+
 def fmt(value, scale=1, pattern="{:.3g}") -> str:
     if value is None:
         return "-"
@@ -51,10 +55,61 @@ def build(report: dict, g: Guardrails) -> dict:
                        "foreign_cores_mean": (sum(t["cpu"]["foreign_cores"] for t in trials) / len(trials)
                                               if trials else None),
                        "foreign_cores_max": max((t["cpu"]["foreign_cores"] for t in trials), default=None)}
+    report["engine_time"] = engine_time(report["cells"], report["setup"]["baseline"])
     report["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report["environment"] = {"host": platform.node(), "python": platform.python_version(),
                              "machine": platform.machine(), "cpus": _cpus()}
     return report
+
+
+def engine_time(cells: list[dict], baseline: str) -> list[dict]:
+    """Per model and level, where the engine thread's time went (server counters, the whole level)
+    and two ratios to the baseline's: decode ms per token (what speculation changes) and engine ms
+    per output token (the tokens/s ratio an engine-bound server would show: prefill, the same work
+    for every method, dilutes the decode gain). Beside the served tokens/s ratio they say where a
+    gain went: a served ratio well under the engine's was lost outside the engine."""
+    base = {(c["workload"], c["concurrency"]): c["figures"] for c in cells if c["model"] == baseline}
+    rows = []
+    for c in cells:
+        f = c["figures"]
+        if not f.get("engine_seconds"):
+            continue
+        b = base.get((c["workload"], c["concurrency"]), {})
+
+        def speedup(key):
+            return b[key] / f[key] if b.get(key) and f.get(key) else None
+
+        total = sum(f["engine_seconds"].values())
+        rows.append({"workload": c["workload"], "model": c["model"], "concurrency": c["concurrency"],
+                     "shares": {p: v / total for p, v in f["engine_seconds"].items()},
+                     "engine_ms_per_token": f["engine_ms_per_token"], "decode_ms_per_token": f["decode_ms_per_token"],
+                     "decode_speedup": speedup("decode_ms_per_token"), "engine_speedup": speedup("engine_ms_per_token"),
+                     "served_speedup": (c.get("ratios", {}).get("output_tokens_per_s") or {}).get("value")})
+    return rows
+
+
+def engine_time_lines(rows: list[dict]) -> list[str]:
+    """The engine-time table of one workload (see `engine_time`)."""
+    if not rows:
+        return []
+    lines = ["### Where the engine's time went (server counters, every trial of the level)", "",
+             "Shares of the engine thread's busy time (`specdec:engine_seconds`); rest = schedule, policy, inputs, "
+             "compact, commit, output and other. Speculation shrinks only decode time; prefill is the same work for "
+             "every method (plus the drafter's own prefill). decode x base = the baseline's decode ms per token over "
+             "the model's; engine x base = the same for engine ms per output token, prefill included: the tokens/s "
+             "ratio a server bound by its engine would show. A served ratio well under it lost the gain outside the "
+             "engine (response path, tritonserver, the load generator, idle gaps between requests).", "",
+             "| model | conc | " + " | ".join(f"{p} %" for p in ENGINE_COLUMNS) + " | rest % | engine ms/tok | "
+             "decode ms/tok | decode x base | engine x base | served tok/s x base |",
+             "|---|---:|" + "---:|" * (len(ENGINE_COLUMNS) + 6)]
+    for r in rows:
+        shares = [r["shares"].get(p, 0.0) for p in ENGINE_COLUMNS]
+        lines.append(f"| {r['model']} | {r['concurrency']} | "
+                     + " | ".join(f"{100 * x:.0f}" for x in shares) + f" | {100 * (1 - sum(shares)):.0f} | "
+                     f"{fmt(r['engine_ms_per_token'], 1, '{:.2f}')} | {fmt(r['decode_ms_per_token'], 1, '{:.2f}')} | "
+                     + " | ".join(fmt(r[k], 1, "{:.2f}x") for k in ("decode_speedup", "engine_speedup", "served_speedup"))
+                     + " |")
+    return lines + [""]
 
 
 def _cpus() -> int:
@@ -196,7 +251,8 @@ def markdown(report: dict) -> str:
             pos = c["figures"].get("acceptance_per_position") or []
             if pos:
                 lines.append(f"| {c['model']} | {c['concurrency']} | {' '.join(f'{x:.2f}' for x in pos)} |")
-        lines += ["", "### Consistency", "",
+        lines += [""] + engine_time_lines([r for r in report.get("engine_time", []) if r["workload"] == wname])
+        lines += ["### Consistency", "",
                   "| model | conc | requests (all) | tokens streamed (all) | server generated | match | "
                   "abandoned (no response by the end of a trial's drain) |",
                   "|---|---:|---:|---:|---:|---|---:|"]

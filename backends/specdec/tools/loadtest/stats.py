@@ -182,6 +182,26 @@ def histogram_quantile(before: dict, after: dict, name: str, q: float, **labels)
     return prev_bound
 
 
+def engine_figures(before: dict, after: dict, model: str, tokens: float, requests: float) -> dict:
+    """Where the engine thread's time went (`specdec:engine_seconds` by phase): seconds per phase,
+    the prefill share, and engine ms per output token, whole and decode only (a request's first
+    token comes from its prefill). Empty where the model exports no engine time (the rounds engine
+    over tensorrt_llm models: its time is the inner models')."""
+    phases = sorted({dict(lab)["phase"] for n, lab in after if n == "specdec:engine_seconds"
+                     and dict(lab).get("model") == model and "phase" in dict(lab)})
+    busy = {p: metric_delta(before, after, "specdec:engine_seconds", model=model, phase=p) for p in phases}
+    total = sum(busy.values())
+    if total <= 0:
+        return {}
+    decode_tokens = tokens - requests
+    return {
+        "engine_seconds": busy,
+        "prefill_share": busy.get("prefill", 0.0) / total,
+        "engine_ms_per_token": 1000 * total / tokens if tokens else None,
+        "decode_ms_per_token": 1000 * (total - busy.get("prefill", 0.0)) / decode_tokens if decode_tokens > 0 else None,
+    }
+
+
 def server_figures(before: dict, after: dict, model: str) -> dict:
     """The server's own counters for one cell (the whole cell, warm-up included)."""
     def d(name, **labels):
@@ -196,8 +216,10 @@ def server_figures(before: dict, after: dict, model: str) -> dict:
             break
         per_pos.append(d("specdec:spec_decode_num_accepted_tokens_per_pos", position=str(p)))
     qcount = d("specdec:request_queue_time_seconds_count")
+    tokens = d("specdec:generation_tokens")
     return {
-        "server_output_tokens": d("specdec:generation_tokens"),
+        **engine_figures(before, after, model, tokens, qcount),
+        "server_output_tokens": tokens,
         "server_drafts": drafts,
         "server_draft_tokens": d("specdec:spec_decode_num_draft_tokens"),
         "server_accepted_tokens": d("specdec:spec_decode_num_accepted_tokens"),
