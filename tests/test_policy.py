@@ -181,6 +181,22 @@ def test_calibration_caps_a_preempted_timing_instead_of_carrying_it_up(monkeypat
     assert c.seconds == pytest.approx([1.0, 1.2, 1.2, 1.4])
 
 
+def test_calibration_rounds_spread_a_busy_spell_over_every_count(monkeypatch):
+    """A spell that slows every forward for as long as one count's repeats take (another model
+    calibrating on the same cores) must not make that count look dearer than the rest."""
+    clock, calls = [0.0], [0]
+    costs = {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4}
+
+    def forward(n: int) -> None:
+        busy = 6 <= calls[0] < 12  # six calls: a count's warm-up and five repeats, timed back to back
+        clock[0] += costs[n] * (5.0 if busy else 1.0)
+        calls[0] += 1
+
+    monkeypatch.setattr(policy.time, "perf_counter", lambda: clock[0])
+    c = CostModel.measure(forward, 8)
+    assert c.seconds == pytest.approx([1.0, 1.1, 1.2, 1.4])
+
+
 def test_draft_cost_ignores_catch_up_and_preempted_proposals():
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = memory_bound()
