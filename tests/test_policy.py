@@ -208,6 +208,29 @@ def test_draft_cost_ignores_catch_up_and_preempted_proposals():
     assert abs(p.cost.draft(4) - 0.5) < 1e-9
 
 
+def test_preempted_first_proposals_are_undone_by_a_shallower_one():
+    """Three proposals at depth 4 preempted in a row (10x their cost) make depth 4 look dear and
+    speculation stops; a paused policy's probes draft 2 deep. Under the fit's model a depth-4
+    proposal costs at most twice a depth-2 one, so the first probes' timings bound it, and the
+    policy drafts again."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2], draft_fixed=0.1, draft_per_level=0.1)
+    for _ in range(3):
+        p.observe_draft_time(2.5, 4, backlogs=[3])
+    assert p.cost.draft(4) > 2.0 and p.best([4], [0.8], [0.8], [False]) == (0, set())
+    for _ in range(2):
+        p.observe_draft_time(0.15, 2, backlogs=[3])
+    assert p.cost.draft(2) == pytest.approx(0.15) and p.cost.draft(4) == pytest.approx(0.3)
+    assert p.best([4], [0.8], [0.8], [False])[0] >= 2
+
+
+def test_consistent_medians_believe_the_lower_side():
+    assert policy.consistent([(2, 0.15, 8), (4, 2.5, 3)]) == [(2, 0.15, 8), (4, 0.3, 3)]  # at most 4/2 times
+    assert policy.consistent([(1, 0.9, 2), (3, 0.3, 5)]) == [(1, 0.3, 2), (3, 0.3, 5)]  # at least the shallower
+    ok = [(1, 0.1, 4), (2, 0.15, 4), (4, 0.25, 4)]
+    assert policy.consistent(ok) == ok
+
+
 def test_a_catch_up_is_fitted_per_entry_apart_from_the_proposal_cost():
     """A proposal that first fed entries beyond the steady ones (accepted tokens and bonus) times
     the catch-up: what it took past the fitted proposal, per entry, as the median of recent ones
