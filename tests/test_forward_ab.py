@@ -1,4 +1,5 @@
-"""`python -m specdec.tools.forward_ab`: the interleaved forward A/B against an earlier commit."""
+"""`python -m specdec.tools.forward_ab` (the interleaved forward A/B against an earlier commit) and
+`python -m specdec.tools.contended_start` (the adaptive policy at a busy start)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,15 @@ def test_engine_ab_against_eager_layers(capsys):
                      r"[\d.]+x .*identical outputs", capsys.readouterr().out)
     with pytest.raises(SystemExit):
         main(["--eager", "--rev", "HEAD", "--method", "draft"])
+
+
+def test_contended_start_reports_each_engines_drafted_steps_and_fit(capsys):
+    """`python -m specdec.tools.contended_start`: engines of one served model started at once,
+    each serving requests one at a time, report their drafted steps and proposal-cost fit."""
+    from specdec.tools.contended_start import main as contended
+
+    assert contended(["--model", "spec_ngram", "--engines", "2", "--requests", "2", "--max-tokens", "8"]) == 0
+    rows = re.findall(r"^\| (\d) \| (\d+) / (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", capsys.readouterr().out, re.M)
+    assert [r[0] for r in rows] == ["0", "1"]
+    # 2 requests of 8 tokens: the first of each comes from its prefill, the other 7 from 1-7 decode steps
+    assert all(0 <= int(drafts) <= int(steps) and 2 <= int(steps) <= 14 for _, drafts, steps, *_ in rows)
