@@ -16,9 +16,9 @@ token counts, then corrected by every real step's timing, which also brings in w
 calibration misses: inputs, verification, compaction, output; one preempted calibration timing on
 a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started; where
 a count and the plain count, one token per row, both have recent steps, the count's point is set
-from the ratio of their medians) plus the
+from the ratio of their medians, at most SHAPE_BOUND from the start-up curve) plus the
 proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
-per depth of recent proposals. Model drafters keep the sequences the policy paused in sync
+per depth of recent proposals (medians that disagree with that model lowered: `consistent`). Model drafters keep the sequences the policy paused in sync
 whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
 (`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause, and
 for a newcomer's prompt, the first proposal does catch up. That is not a sample of the proposal cost
