@@ -122,6 +122,7 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
         busy = f["engine_seconds"]
         assert busy["prefill"] > 0 and busy["forward"] > 0 and 0 < sum(busy.values()) < f["level_wall_s"]
         assert 0 < f["prefill_share"] < 1 and f["decode_ms_per_token"] > 0
+        assert 1 <= f["mean_batch"] <= c["concurrency"]  # sampled while any request runs
         if c["model"] == "spec_draft":
             assert busy["draft"] > 0
             assert f["acceptance_rate"] == 1.0 and f["mean_accepted_length"] > 1.5

@@ -214,6 +214,8 @@ specdec:engine_seconds{model="spec",phase="prefill"} 1.0
 specdec:engine_seconds{model="spec",phase="draft"} 1.0
 specdec:engine_seconds{model="spec",phase="forward"} 2.0
 specdec:engine_seconds{model="other",phase="prefill"} 9.0
+specdec:batch_size_sum{model="spec"} 30
+specdec:batch_size_count{model="spec"} 10
 """
 
 
@@ -241,6 +243,7 @@ def test_engine_figures_split_the_engine_time_of_one_model():
     assert f["prefill_share"] == pytest.approx(1.0 / 3.5)
     assert f["engine_ms_per_token"] == pytest.approx(3500 / 60)
     assert f["decode_ms_per_token"] == pytest.approx(2500 / (60 - 4))  # 4 requests: their first tokens are prefill's
+    assert f["mean_batch"] == 3.0 and stats.server_figures(after, after, "spec")["mean_batch"] is None
     assert "engine_seconds" not in stats.server_figures(after, after, "spec")  # no engine time: no figures
 
 
@@ -248,7 +251,7 @@ def test_engine_time_rows_compare_with_the_baseline_at_the_same_level():
     def cell(model, conc, engine_ms, decode_ms, served=None):
         return {"workload": "w", "model": model, "concurrency": conc,
                 "ratios": {"output_tokens_per_s": {"value": served, "lo": served, "hi": served} if served else None},
-                "figures": {"engine_seconds": {"prefill": 1.0, "draft": 1.0, "forward": 2.0},
+                "figures": {"engine_seconds": {"prefill": 1.0, "draft": 1.0, "forward": 2.0}, "mean_batch": 2.5,
                             "engine_ms_per_token": engine_ms, "decode_ms_per_token": decode_ms}}
     cells = [cell("base", 1, 2.0, 1.0), cell("spec", 1, 1.6, 0.5, 1.1), cell("base", 4, 1.0, 0.6),
              cell("spec", 4, 1.25, 0.4, 0.9), {"workload": "w", "model": "trt", "concurrency": 1, "figures": {}}]
@@ -260,7 +263,7 @@ def test_engine_time_rows_compare_with_the_baseline_at_the_same_level():
     assert rows[("base", 4)]["engine_speedup"] == 1.0
     assert rows[("spec", 1)]["shares"] == {"prefill": 0.25, "draft": 0.25, "forward": 0.5}
     md = "\n".join(report.engine_time_lines(list(rows.values())))
-    assert "| spec | 4 | 25 | 25 | 50 | 0 | 0 | 1.25 | 0.40 | 1.50x | 0.80x | 0.90x |" in md
+    assert "| spec | 4 | 25 | 25 | 50 | 0 | 0 | 2.50 | 1.25 | 0.40 | 1.50x | 0.80x | 0.90x |" in md
 
 
 # ---- guardrails ----------------------------------------------------------------------------------------------

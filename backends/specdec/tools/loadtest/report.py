@@ -82,6 +82,7 @@ def engine_time(cells: list[dict], baseline: str) -> list[dict]:
         total = sum(f["engine_seconds"].values())
         rows.append({"workload": c["workload"], "model": c["model"], "concurrency": c["concurrency"],
                      "shares": {p: v / total for p, v in f["engine_seconds"].items()},
+                     "mean_batch": f.get("mean_batch"),
                      "engine_ms_per_token": f["engine_ms_per_token"], "decode_ms_per_token": f["decode_ms_per_token"],
                      "decode_speedup": speedup("decode_ms_per_token"), "engine_speedup": speedup("engine_ms_per_token"),
                      "served_speedup": (c.get("ratios", {}).get("output_tokens_per_s") or {}).get("value")})
@@ -98,15 +99,17 @@ def engine_time_lines(rows: list[dict]) -> list[str]:
              "every method (plus the drafter's own prefill). decode x base = the baseline's decode ms per token over "
              "the model's; engine x base = the same for engine ms per output token, prefill included: the tokens/s "
              "ratio a server bound by its engine would show. A served ratio well under it lost the gain outside the "
-             "engine (response path, tritonserver, the load generator, idle gaps between requests).", "",
-             "| model | conc | " + " | ".join(f"{p} %" for p in ENGINE_COLUMNS) + " | rest % | engine ms/tok | "
-             "decode ms/tok | decode x base | engine x base | served tok/s x base |",
-             "|---|---:|" + "---:|" * (len(ENGINE_COLUMNS) + 6)]
+             "engine (response path, tritonserver, the load generator, idle gaps between requests). mean batch = "
+             "requests running, sampled every 0.2 s while any run (`specdec:batch_size`): a step's cost per token "
+             "falls as it grows, so a model whose users kept fewer requests running pays more per token.", "",
+             "| model | conc | " + " | ".join(f"{p} %" for p in ENGINE_COLUMNS) + " | rest % | mean batch | "
+             "engine ms/tok | decode ms/tok | decode x base | engine x base | served tok/s x base |",
+             "|---|---:|" + "---:|" * (len(ENGINE_COLUMNS) + 7)]
     for r in rows:
         shares = [r["shares"].get(p, 0.0) for p in ENGINE_COLUMNS]
         lines.append(f"| {r['model']} | {r['concurrency']} | "
                      + " | ".join(f"{100 * x:.0f}" for x in shares) + f" | {100 * (1 - sum(shares)):.0f} | "
-                     f"{fmt(r['engine_ms_per_token'], 1, '{:.2f}')} | {fmt(r['decode_ms_per_token'], 1, '{:.2f}')} | "
+                     f"{fmt(r.get('mean_batch'), 1, '{:.2f}')} | {fmt(r['engine_ms_per_token'], 1, '{:.2f}')} | {fmt(r['decode_ms_per_token'], 1, '{:.2f}')} | "
                      + " | ".join(fmt(r[k], 1, "{:.2f}x") for k in ("decode_speedup", "engine_speedup", "served_speedup"))
                      + " |")
     return lines + [""]

@@ -217,7 +217,10 @@ def server_figures(before: dict, after: dict, model: str) -> dict:
         per_pos.append(d("specdec:spec_decode_num_accepted_tokens_per_pos", position=str(p)))
     qcount = d("specdec:request_queue_time_seconds_count")
     tokens = d("specdec:generation_tokens")
+    batches = d("specdec:batch_size_count")
     return {
+        # running requests, sampled every flush while any run: per-token engine costs fall with it
+        "mean_batch": d("specdec:batch_size_sum") / batches if batches else None,
         **engine_figures(before, after, model, tokens, qcount),
         "server_output_tokens": tokens,
         "server_drafts": drafts,
