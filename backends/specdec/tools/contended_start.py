@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import threading
 import time
 
 from specdec.paths import MODEL_REPOSITORY
@@ -26,19 +25,15 @@ def serve_one_at_a_time(model: str, requests: int, max_tokens: int, repository: 
     from specdec.core.engine_config import build_engine
     from specdec.core.sampling import SamplingParams
     from specdec.serving.config import engine_config_for
+    from specdec.tools.forward_ab import arrivals
     from specdec.tools.prompts import heldout_prompts
 
     engine = build_engine(engine_config_for(f"{repository}/{model}"))
-    engine.start()
     prompts = heldout_prompts(32, "short", seed=0)
     t0 = time.perf_counter()
-    for i in range(requests):
-        done = threading.Event()
-        engine.submit(prompts[i % len(prompts)], SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                      lambda o, done=done: o.finished and done.set())
-        done.wait()
+    arrivals(engine, SamplingParams(max_tokens=max_tokens, temperature=0.0),
+             [prompts[i % len(prompts)] for i in range(requests)], in_flight=1)
     wall = time.perf_counter() - t0
-    engine.stop()
     m, cost = engine.metrics, engine.policy.cost
     out.put({"steps": m.steps, "drafts": m.drafts, "tokens_per_s": m.output_tokens / wall,
              "draft_fixed_ms": 1000 * cost.draft_fixed if cost else None,

@@ -130,7 +130,7 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
 
 
-def arrivals(engine, params, prompts: list[list[int]], in_flight: int) -> list[list[int]]:
+def arrivals(engine, params, prompts: list[str | list[int]], in_flight: int) -> list[list[int]]:
     """Run prompts with `in_flight` of them always in flight, each finished one submitting the next:
     continuous arrivals, where the batch changes every few steps (`generate` admits them all at
     once, and its batch only shrinks). Returns each prompt's token ids."""
