@@ -308,6 +308,25 @@ def test_adaptive_calibration_fits_any_tree_in_the_cache(kit, method):
     assert result.error is None and len(result.token_ids) == 8
 
 
+@pytest.mark.parametrize("method", ["draft", "eagle", "ngram"])
+def test_adaptive_start_up_times_proposals_then_forgets_its_timing_requests(kit, method):
+    """Before serving, an adaptive engine times its proposer for one row and a full batch at two
+    depths (the policy's proposal fit starts from that, not from a guess), and then serves as a
+    fresh engine: no counters, no acceptance learnt, every slot free."""
+    from specdec.core.policy import PRIOR_ALPHA
+    eng = engine(kit, method, max_batch=4, max_context=64, policy="adaptive")
+    timed = eng.time_proposals(rounds=1)
+    assert sorted((m, d) for m, d, _ in timed) == [(1, 2), (1, 4), (4, 2), (4, 4)] and all(t > 0 for *_, t in timed)
+    fresh = engine(kit, method, max_batch=4, max_context=64, policy="adaptive")
+    cost = fresh.policy.cost
+    guess = 0.1 * cost.seconds[0]
+    assert (cost.draft_fixed, cost.draft_per_level) != (guess, guess)
+    assert fresh.metrics.steps == fresh.metrics.requests == 0 and fresh.policy.alpha == PRIOR_ALPHA
+    assert sorted(fresh.free_slots) == [0, 1, 2, 3] and not fresh.streams and not fresh.running
+    [result] = fresh.generate(["def f(x):"], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert result.error is None and len(result.token_ids) == 8
+
+
 def test_a_huge_prompt_is_refused_before_tokenizing(kit):
     eng = engine(kit, max_context=64)
     bound = 63 * eng.tokenizer.max_token_chars

@@ -68,11 +68,13 @@ def test_engine_ab_against_eager_layers(capsys):
 
 def test_contended_start_reports_each_engines_drafted_steps_and_fit(capsys):
     """`python -m specdec.tools.contended_start`: engines of one served model started at once,
-    each serving requests one at a time, report their drafted steps and proposal-cost fit."""
+    each serving requests one at a time, report their drafted steps and proposal-cost fit (one-row
+    fixed and per-level cost, the rows' share, the catch-up per entry)."""
     from specdec.tools.contended_start import main as contended
 
     assert contended(["--model", "spec_ngram", "--engines", "2", "--requests", "2", "--max-tokens", "8"]) == 0
-    rows = re.findall(r"^\| (\d) \| (\d+) / (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", capsys.readouterr().out, re.M)
+    rows = re.findall(r"^\| (\d) \| (\d+) / (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      capsys.readouterr().out, re.M)
     assert [r[0] for r in rows] == ["0", "1"]
     # 2 requests of 8 tokens: the first of each comes from its prefill, the other 7 from 1-7 decode steps
     assert all(0 <= int(drafts) <= int(steps) and 2 <= int(steps) <= 14 for _, drafts, steps, *_ in rows)

@@ -522,13 +522,35 @@ def test_a_few_accepted_probes_lift_the_engine_wide_acceptance_from_its_prior():
     assert p.alpha == alpha and p.acceptance(s) < own
 
 
-def test_a_proposal_costs_per_drafting_row():
-    """A proposal for m rows is predicted at m times the fit's per-row cost, so costs timed with
-    one user do not make a batch of four look as cheap to draft for (served at 4 users the draft
-    model drafted on its batch-1 fit and ran 0.83-0.90x the baseline)."""
+def test_a_proposal_for_more_rows_costs_a_share_of_a_row_per_extra_row():
+    """A proposal for m rows is predicted at 1 + share * (m - 1) one-row proposals: costs timed with
+    one user do not make a batch of four look as cheap to draft for as one (charged once for four
+    rows, the draft model served 4 users at 0.83-0.90x the baseline), nor as dear as four (charged
+    per row, a batch of 8 paused where fixed k = 4 ran 1.25x). Once two row counts were timed, the
+    share is the one that fits them."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.3, draft_per_level=0.3)
     assert p.choose(seqs(p, 1, 0.9)) == [4]
     assert p.choose(seqs(p, 4, 0.9)) == [0] * 4
-    p.observe_draft_time(4.0, 4, rows=4)  # a proposal for 4 rows is timed per row
-    assert p.cost.draft(4) == pytest.approx(1.0) and p.cost.draft(4, rows=4) == pytest.approx(4.0)
+    assert p.cost.draft(4, rows=4) == pytest.approx(1.5 * (1 + 3 * policy.ROW_SHARE))
+    c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.1, draft_per_level=0.1)
+    for _ in range(8):
+        for depth in (2, 4):
+            c.observe_draft(depth, 0.1 + 0.05 * depth, rows=1)
+            c.observe_draft(depth, (0.1 + 0.05 * depth) * (1 + 0.3 * 7), rows=8)
+    assert c.row_share == pytest.approx(0.3)
+    assert c.draft(4) == pytest.approx(0.3) and c.draft(4, rows=8) == pytest.approx(0.3 * 3.1)
+    only_eight = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.1, draft_per_level=0.1)
+    for _ in range(8):
+        only_eight.observe_draft(4, 2.0, rows=8)  # one row count: the share stays, the level follows
+    assert only_eight.row_share == policy.ROW_SHARE and only_eight.draft(4, rows=8) == pytest.approx(2.0)
+
+def test_proposals_timed_before_serving_start_the_fit():
+    """The engine times proposals for one row and a full batch before serving: the fit starts
+    from them (one-row fixed and per-level cost, and the rows' share), not from the guess."""
+    c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.1, draft_per_level=0.1)
+    c.start_proposals([(1, 2, 0.2), (1, 4, 0.3), (8, 2, 0.2 * 3.1), (8, 4, 0.3 * 3.1)])
+    assert c.draft_fixed == pytest.approx(0.1) and c.draft_per_level == pytest.approx(0.05)
+    assert c.row_share == pytest.approx(0.3)
+    c.start_proposals([])  # nothing timed (no proposer drafted): the guess stays
+    assert c.draft_fixed == pytest.approx(0.1)

@@ -94,9 +94,9 @@ class Engine:
         self.max_batch, self.max_context = max_batch, max_context
         self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
         self.device = target.lm_head.weight.device
-        max_k = proposer.max_k if proposer else 0
-        self.policy = Policy(max_k, adaptive and proposer is not None, proposer.depth_for if proposer else (lambda k: 0),
-                             proposer.backlog if proposer else None)
+        self.adaptive = adaptive and proposer is not None
+        self.policy = self.new_policy()
+        max_k = self.policy.max_k
         self.capacity = max_context + max_k + 1  # room for the draft nodes past the last position
         self.cache = target.new_cache(max_batch, self.capacity)
         if proposer is not None:
@@ -112,8 +112,16 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.lap_start = time.perf_counter()
-        if self.policy.adaptive:
-            self.policy.cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
+        if self.adaptive:
+            cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
+            cost.start_proposals(self.time_proposals())
+            self.policy = self.new_policy()  # what the timing requests taught it (their acceptance) is forgotten
+            self.policy.cost = cost
+            self.metrics = EngineMetrics()
+
+    def new_policy(self) -> Policy:
+        p = self.proposer
+        return Policy(p.max_k if p else 0, self.adaptive, p.depth_for if p else (lambda k: 0), p.backlog if p else None)
 
     # ---- requests -------------------------------------------------------------------------
     def submit(
@@ -410,6 +418,33 @@ class Engine:
             positions = (start + torch.arange(width, device=self.device)).expand(rows, -1)
             hidden = self.target(tokens, positions, self.cache, list(range(rows)), [start] * rows)
             self.target.logits(hidden).argmax(-1).tolist()
+
+    def time_proposals(self, rounds: int = 2) -> list[tuple[int, int, float]]:
+        """(rows, depth, seconds): the fastest in-sync proposal for one row and for a full batch at
+        two depths, timed over a few steps of requests run before serving (the policy has no
+        cost model yet, so each drafts its cap), in rounds like the target's curve, so that a
+        busy spell slows one round of every shape rather than one shape. Without it the policy
+        started from a tenth of a one-token target forward per level and row: EAGLE's proposal
+        was 4x that (2.1 one-token forwards at depth 4), prompt lookup's a twelfth of it, and a
+        paused method whose probes all caught up first (at batch 8 every probe did) kept the
+        guess for good."""
+        top = self.policy.max_k
+        cells = [(rows, k) for rows in sorted({1, self.max_batch}) for k in sorted({min(2, top), top})]
+        prompt = [1 + i % 8 for i in range(min(24, self.max_context // 2))]  # a pattern prompt lookup finds
+        params = {k: SamplingParams(max_tokens=min(16, self.max_context - len(prompt)), ignore_eos=True,
+                                    num_draft_tokens=k) for k in {k for _, k in cells}}
+        fastest = dict.fromkeys(cells, float("inf"))
+        for r in range(rounds):
+            for rows, k in cells:
+                for i in range(rows):
+                    self.submit(prompt, params[k], lambda out: None, request_id=f"proposal-timing-{r}-{rows}-{k}-{i}")
+                self.step()  # the prefill, and a first proposal that catches up on the prompts
+                while self.has_work():
+                    full, before = len(self.running) == rows, self.metrics.propose_seconds
+                    self.step()
+                    if full and self.metrics.propose_seconds > before:
+                        fastest[rows, k] = min(fastest[rows, k], self.metrics.propose_seconds - before)
+        return [(rows, self.policy.depth_of[k], t) for (rows, k), t in fastest.items() if t < float("inf")]
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list["Result"]:
         """Run prompts to completion in this thread (the CLI, benchmark and tests use this)."""

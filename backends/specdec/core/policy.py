@@ -17,8 +17,10 @@ calibration misses: inputs, verification, compaction, output; one preempted cali
 a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started; where
 a count and the plain count, one token per row, both have recent steps, the count's point is set
 from the ratio of their medians, at most SHAPE_BOUND from the start-up curve) plus the
-proposer's time, fixed + per_level * depth, fitted online by least squares over the median time
-per depth of recent proposals (medians that disagree with that model lowered: `consistent`). Model drafters keep the sequences the policy paused in sync
+proposer's time, (fixed + per_level * depth) * (1 + row_share * (rows - 1)), fitted online by least
+squares over the median time per depth and row count of recent proposals (medians that disagree
+with that model lowered: `consistent`; the rows' share from them once two row counts were timed),
+started from proposals the engine times before serving (one row and a full batch). Model drafters keep the sequences the policy paused in sync
 whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
 (`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause, and
 for a newcomer's prompt, the first proposal does catch up. That is not a sample of the proposal cost
@@ -95,6 +97,14 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # drift's own pace (its evidence is 0.95^64 = 4% of what it was): every 8 steps the searches of a
 # paused batch of one were still 1% of a 0.25 ms step.
 PAUSED_RECHECK_MAX = 64
+ROW_SHARE = 0.5  # each drafting row past the first adds this share of a one-row proposal, until two
+# row counts were timed (the engine times one row and a full batch before serving). Measured at
+# fixed k = 4: a proposal for 8 rows cost 4.1x one row's for the draft model (0.45 a row), 5.0x for
+# EAGLE (0.57), 2.0x for Medusa, 3.2x for prompt lookup. Charged a whole proposal per row (1.0), a
+# batch of 8 paused the draft model where fixed k = 4 ran 1.25x the baseline (adaptive 1.02x);
+# charged one proposal for any rows (0), the draft model served 4 users at 0.83-0.90x
+ROW_SHARES = [i / 20 for i in range(21)]  # the row shares a refit tries (0 .. 1: m rows never cost
+# more than m one-row proposals)
 DRAFT_REFIT_EVERY = 8  # proposals between refits of the proposal-cost fit, after the first ones
 CATCH_UP_SAMPLES = 16  # recent catch-ups whose median cost per entry the policy charges resumes with
 CATCH_UP_MIN_ENTRIES = 16  # a catch-up of fewer entries beyond the steady ones is not timed: the
@@ -138,9 +148,10 @@ class CostModel:
     token_counts: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)  # at load 1
     start: tuple[list[int], list[float]] = field(default=((), ()), repr=False)  # the curve as built (SHAPE_BOUND)
-    draft_fixed: float = 0.0  # at load 1
+    draft_fixed: float = 0.0  # at load 1, a proposal for one row
     draft_per_level: float = 0.0
-    draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))
+    row_share: float = ROW_SHARE  # each drafting row past the first adds this share of a one-row proposal
+    draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))  # (depth, rows, seconds at load 1)
     draft_seen: int = 0  # proposals timed so far
     catch_up_per_entry: float = 0.0  # at load 1: a catch-up's cost past the proposal's, per entry fed
     catch_up_samples: deque = field(default_factory=lambda: deque(maxlen=CATCH_UP_SAMPLES))
@@ -163,52 +174,77 @@ class CostModel:
         return min(max(seconds, built / SHAPE_BOUND), built * SHAPE_BOUND)
 
     def draft(self, depth: int, rows: int = 1) -> float:
-        return self.load * self.draft_at_calibration(depth) * rows
+        return self.load * self.draft_at_calibration(depth) * self.rows_factor(rows)
 
     def draft_at_calibration(self, depth: int) -> float:
-        """A proposal of `depth` per drafting row: the fit is over proposals' seconds divided by
-        the rows they drafted, and a proposal for m rows is predicted at m times it. Fitted on
-        the proposals of one row (one user), and applied to four, the draft model's proposal cost
-        looked a quarter of what it was: served at 4 users it drafted in 1921 steps of a level
-        and ran 0.83-0.90x the baseline (`make demo`, a load matrix). Per row is conservative
-        where rows share a proposal's fixed cost (a batch of 8 proposes in 5-6 rows' time)."""
+        """A proposal of `depth` for one row."""
         return self.draft_fixed + self.draft_per_level * depth if depth > 0 else 0.0
 
-    def observe_draft(self, depth: int, seconds: float) -> None:
-        """Refit fixed + per_level * depth: least squares over the median time of each depth seen
-        recently (medians, so that proposals preempted on a busy machine do not move it). A sample
-        counts at most 3x the current prediction: one proposal that caught up on a whole prompt
-        must not switch speculation off for good (while it is off no samples correct it). The
-        first DRAFT_REFIT_EVERY samples refit it each, later ones every DRAFT_REFIT_EVERY-th: the
-        refit, every step of a drafting batch, was 6 us of a 0.33 ms prompt-lookup step at batch 1,
-        and the medians of 64 samples move little in 8."""
-        predicted, seconds = self.draft_at_calibration(depth), seconds / self.load
-        self.draft_samples.append((depth, min(seconds, 3 * predicted) if predicted > 0 else seconds))
+    def rows_factor(self, rows: int) -> float:
+        """A proposal for `rows` drafting rows, in one-row proposals: rows share the drafter's
+        forwards (its weights are read once per forward), so a batch of 8 proposes in 4-5 rows'
+        time, but not all of their cost (fitted on one user's proposals and charged once for four
+        rows, the draft model served 4 users at 0.83-0.90x the baseline)."""
+        return 1.0 + self.row_share * (rows - 1) if rows > 0 else 0.0
+
+    def observe_draft(self, depth: int, seconds: float, rows: int = 1) -> None:
+        """Refit the one-row fixed + per_level * depth, and the rows' share once two row counts
+        were timed: least squares over the median time of each depth and row count seen recently
+        (medians, so that proposals preempted on a busy machine do not move it), the share the one
+        of ROW_SHARES that fits best. A sample counts at most 3x the current prediction: one
+        proposal that caught up on a whole prompt must not switch speculation off for good (while
+        it is off no samples correct it). The first DRAFT_REFIT_EVERY samples refit it each, later
+        ones every DRAFT_REFIT_EVERY-th: the refit, every step of a drafting batch, was 6 us of a
+        0.33 ms prompt-lookup step at batch 1, and the medians of 64 samples move little in 8."""
+        predicted, seconds = self.draft_at_calibration(depth) * self.rows_factor(rows), seconds / self.load
+        self.draft_samples.append((depth, rows, min(seconds, 3 * predicted) if predicted > 0 else seconds))
         self.draft_seen += 1
         if self.draft_seen > DRAFT_REFIT_EVERY and self.draft_seen % DRAFT_REFIT_EVERY:
             return
-        by_depth: dict[int, list[float]] = {}
-        for d, t in self.draft_samples:
-            by_depth.setdefault(d, []).append(t)
-        points = consistent([(d, statistics.median(ts), len(ts)) for d, ts in sorted(by_depth.items())])
-        if len(points) > 1:
-            n = sum(w for _, _, w in points)
-            mean_d = sum(d * w for d, _, w in points) / n
-            mean_t = sum(t * w for _, t, w in points) / n
-            var = sum(w * (d - mean_d) ** 2 for d, _, w in points)
-            slope = sum(w * (d - mean_d) * (t - mean_t) for d, t, w in points) / var
-            self.draft_per_level = max(slope, 0.0)
-            self.draft_fixed = max(mean_t - self.draft_per_level * mean_d, 0.0)
-        elif self.draft_at_calibration(points[0][0]) > 0:  # one depth seen so far: keep the shape, match the level
-            scale = points[0][1] / self.draft_at_calibration(points[0][0])
-            self.draft_fixed *= scale
-            self.draft_per_level *= scale
+        cells: dict[int, dict[int, list[float]]] = {}  # rows -> depth -> seconds
+        for d, m, t in self.draft_samples:
+            cells.setdefault(m, {}).setdefault(d, []).append(t)
+        self.refit_proposals([(m, d, t, w) for m, by_depth in cells.items() for d, t, w in
+                              consistent([(d, statistics.median(ts), len(ts)) for d, ts in sorted(by_depth.items())])])
+
+    def start_proposals(self, timed: list[tuple[int, int, float]]) -> None:
+        """Start the proposal fit from (rows, depth, seconds) timed before serving (in place of
+        the guess `measure` starts with); proposals timed while serving then refit it."""
+        if timed:
+            self.refit_proposals([(m, d, t, 1) for m, d, t in timed])
+
+    def refit_proposals(self, points: list[tuple[int, int, float, int]]) -> None:
+        """Fit the one-row proposal, and the rows' share where two row counts are among `points`
+        (rows, depth, seconds, weight): the share of ROW_SHARES that fits them best."""
+        if len({m for m, _, _, _ in points}) > 1:
+            self.row_share = min(ROW_SHARES, key=lambda share: self.fit_proposals(points, share)[2])
+        self.draft_fixed, self.draft_per_level, _ = self.fit_proposals(points, self.row_share)
+
+    def fit_proposals(self, points: list[tuple[int, int, float, int]], share: float) -> tuple[float, float, float]:
+        """(fixed, per_level, weighted squared relative error) of one-row proposals fitted to
+        (rows, depth, median seconds, samples) at `share` per extra row. With one depth timed,
+        the current fit's shape is kept and its level matched."""
+        one_row = [(d, t / (1.0 + share * (m - 1)), w) for m, d, t, w in points]
+        n = sum(w for _, _, w in one_row)
+        mean_d = sum(d * w for d, _, w in one_row) / n
+        mean_t = sum(t * w for _, t, w in one_row) / n
+        var = sum(w * (d - mean_d) ** 2 for d, _, w in one_row)
+        if var > 0:
+            per_level = max(sum(w * (d - mean_d) * (t - mean_t) for d, t, w in one_row) / var, 0.0)
+            fixed = max(mean_t - per_level * mean_d, 0.0)
+        elif self.draft_at_calibration(one_row[0][0]) > 0:
+            scale = mean_t / self.draft_at_calibration(one_row[0][0])
+            fixed, per_level = self.draft_fixed * scale, self.draft_per_level * scale
+        else:
+            fixed, per_level = mean_t, 0.0
+        error = sum(w * ((fixed + per_level * d) / t - 1.0) ** 2 for d, t, w in one_row if t > 0)
+        return fixed, per_level, error
 
     def observe_catch_up(self, entries: int, seconds: float, depth: int, rows: int = 1) -> None:
         """A proposal for `rows` that first fed `entries` beyond the drafting sequences' own (a
         resume, a newcomer's prompt): what it took past the fitted proposal of its depth, per
         entry; the median of recent ones (a preempted proposal does not move it)."""
-        extra = seconds / self.load - self.draft_at_calibration(depth) * rows
+        extra = seconds / self.load - self.draft_at_calibration(depth) * self.rows_factor(rows)
         self.catch_up_samples.append(max(extra, 0.0) / entries)
         self.catch_up_per_entry = statistics.median(self.catch_up_samples)
 
@@ -288,7 +324,7 @@ class CostModel:
                 seconds[i] = min(seconds[i], time.perf_counter() - t0)
         for i in reversed(range(len(seconds) - 1)):  # more tokens never cost less: timer noise is
             seconds[i] = min(seconds[i], seconds[i + 1])  # upward (preemption), so cap, don't carry up
-        # until proposals are timed: a proposer step costs a tenth of a target step
+        # until proposals are timed: a one-row proposer step costs a tenth of a one-token target step
         return cls(counts, seconds, draft_fixed=0.1 * seconds[0], draft_per_level=0.1 * seconds[0])
 
 
@@ -541,7 +577,8 @@ class Policy:
         draft_s = [cost.draft_at_calibration(d) for d in range(depth_of[-1] + 1)]
         verify = cost.verify_at_calibration
         fixed_rows = sum(1 for c, p in zip(caps, pinned) if p and c)
-        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * fixed_rows)
+        rows_factor = [cost.rows_factor(m) for m in range(n + 1)]
+        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows])
         best_k = best_m = 0
         for k in self.candidates[1:]:
             tokens, extra, depth, catch_up = fixed_tokens, fixed_extra, fixed_depth, 0.0
@@ -553,7 +590,7 @@ class Policy:
                 catch_up += charges[i]
                 if d > depth:
                     depth = d
-                r = tokens / (verify(n + extra) + draft_s[depth] * (fixed_rows + m) + catch_up)
+                r = tokens / (verify(n + extra) + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up)
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])
@@ -611,11 +648,11 @@ class Policy:
         """A proposal's time for `rows` drafting sequences; `backlogs`: what its drafter fed first
         for each sequence. One that fed a sequence more than its steady share (accepted tokens
         and bonus) caught up: it is a sample of the catch-up's cost per entry, not of the
-        proposal's (per row)."""
+        proposal's."""
         if self.cost is None or depth <= 0:
             return
         excess = sum(self.catch_up_entries(b) for b in backlogs)
         if not excess:
-            self.cost.observe_draft(depth, seconds / rows)
+            self.cost.observe_draft(depth, seconds, rows)
         elif excess >= CATCH_UP_MIN_ENTRIES:
             self.cost.observe_catch_up(excess, seconds, depth, rows)

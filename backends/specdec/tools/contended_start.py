@@ -38,6 +38,7 @@ def serve_one_at_a_time(model: str, requests: int, max_tokens: int, repository: 
     out.put({"steps": m.steps, "drafts": m.drafts, "tokens_per_s": m.output_tokens / wall,
              "draft_fixed_ms": 1000 * cost.draft_fixed if cost else None,
              "draft_per_level_ms": 1000 * cost.draft_per_level if cost else None,
+             "row_share": cost.row_share if cost else None,
              "catch_up_per_entry_ms": 1000 * cost.catch_up_per_entry if cost else None})
 
 
@@ -64,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     results = run(a.model, a.engines, a.requests, a.max_tokens, a.model_repository)
     print(f"{a.engines} engines of {a.model} started at once, {a.requests} requests of {a.max_tokens} tokens each, one at a time")
-    print("| engine | drafted steps | tok/s (cores shared) | proposal fixed ms | per level ms | catch-up ms/entry |")
-    print("|---|---|---|---|---|---|")
+    print("| engine | drafted steps | tok/s (cores shared) | proposal fixed ms | per level ms | row share | catch-up ms/entry |")
+    print("|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
         costs = " | ".join("-" if r[k] is None else f"{r[k]:.3f}"
-                           for k in ("draft_fixed_ms", "draft_per_level_ms", "catch_up_per_entry_ms"))
+                           for k in ("draft_fixed_ms", "draft_per_level_ms", "row_share", "catch_up_per_entry_ms"))
         print(f"| {i} | {r['drafts']} / {r['steps']} | {r['tokens_per_s']:.0f} | {costs} |")
     return 0
 
