@@ -503,7 +503,7 @@ def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain
     stale = CostModel([1, 8], [1.0, 1.1])
     for n in [1] * policy.SHAPE_SAMPLES + [9] * policy.SHAPE_FRESH + [8] * policy.SHAPE_SAMPLES:
         stale.observe_shape(n, 3.0 if n == 8 else 1.0, plain=1)
-    assert stale.verify_at_calibration(8) == 1.1  # the plain steps are too old to compare with
+    assert stale.seconds[stale.token_counts.index(8)] == 1.1  # the plain steps are too old to compare with
 
 
 def test_a_few_accepted_probes_lift_the_engine_wide_acceptance_from_its_prior():
@@ -554,3 +554,17 @@ def test_proposals_timed_before_serving_start_the_fit():
     assert c.row_share == pytest.approx(0.3)
     c.start_proposals([])  # nothing timed (no proposer drafted): the guess stays
     assert c.draft_fixed == pytest.approx(0.1)
+
+
+def test_the_curve_reads_its_points_non_decreasing():
+    """Points real steps set between the start-up counts come from a few steps' medians and can
+    dip (at batch 8: 14 tokens 5.2 ms, 16 4.2); the curve reads the closest non-decreasing
+    points (pooled), so the policy does not chase the dips; a start-up point yields to a
+    measured one (5 tokens measured at 2.0 lift the start-up 8 tokens' 1.5)."""
+    measured = [1.0] * 8
+    assert policy.rising([1.0, 2.0, 5.2, 4.2, 6.3, 7.7, 6.1, 7.1], measured) == pytest.approx(
+        [1.0, 2.0, 4.7, 4.7, 6.3, 6.9, 6.9, 7.1])
+    assert policy.rising([1.0, 2.0, 1.5], [1e-9, 1.0, 1e-9]) == pytest.approx([1.0, 2.0, 2.0])
+    c = CostModel([8, 14, 16, 17], [2.0, 5.2, 4.2, 6.3], measured={14, 16})
+    assert c.verify_at_calibration(14) == pytest.approx(4.7) and c.verify_at_calibration(16) == pytest.approx(4.7)
+    assert c.seconds == [2.0, 5.2, 4.2, 6.3]  # the points themselves stay what the steps said

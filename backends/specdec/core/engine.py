@@ -428,22 +428,26 @@ class Engine:
         was 4x that (2.1 one-token forwards at depth 4), prompt lookup's a twelfth of it, and a
         paused method whose probes all caught up first (at batch 8 every probe did) kept the
         guess for good."""
-        top = self.policy.max_k
+        top, cost = self.policy.max_k, self.policy.cost
+        self.policy.cost = None  # no cost model: every request drafts its cap
         cells = [(rows, k) for rows in sorted({1, self.max_batch}) for k in sorted({min(2, top), top})]
         prompt = [1 + i % 8 for i in range(min(24, self.max_context // 2))]  # a pattern prompt lookup finds
         params = {k: SamplingParams(max_tokens=min(16, self.max_context - len(prompt)), ignore_eos=True,
                                     num_draft_tokens=k) for k in {k for _, k in cells}}
         fastest = dict.fromkeys(cells, float("inf"))
-        for r in range(rounds):
-            for rows, k in cells:
-                for i in range(rows):
-                    self.submit(prompt, params[k], lambda out: None, request_id=f"proposal-timing-{r}-{rows}-{k}-{i}")
-                self.step()  # the prefill, and a first proposal that catches up on the prompts
-                while self.has_work():
-                    full, before = len(self.running) == rows, self.metrics.propose_seconds
-                    self.step()
-                    if full and self.metrics.propose_seconds > before:
-                        fastest[rows, k] = min(fastest[rows, k], self.metrics.propose_seconds - before)
+        try:
+            for r in range(rounds):
+                for rows, k in cells:
+                    for i in range(rows):
+                        self.submit(prompt, params[k], lambda out: None, request_id=f"proposal-timing-{r}-{rows}-{k}-{i}")
+                    self.step()  # the prefill, and a first proposal that catches up on the prompts
+                    while self.has_work():
+                        full, before = len(self.running) == rows, self.metrics.propose_seconds
+                        self.step()
+                        if full and self.metrics.propose_seconds > before:
+                            fastest[rows, k] = min(fastest[rows, k], self.metrics.propose_seconds - before)
+        finally:
+            self.policy.cost = cost
         return [(rows, self.policy.depth_of[k], t) for (rows, k), t in fastest.items() if t < float("inf")]
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list["Result"]:
