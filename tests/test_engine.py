@@ -327,6 +327,20 @@ def test_adaptive_start_up_times_proposals_then_forgets_its_timing_requests(kit,
     assert result.error is None and len(result.token_ids) == 8
 
 
+def test_a_servers_response_cost_is_counted_and_reaches_the_adaptive_policy(kit):
+    """The backend's sender thread reports the CPU its responses took (`note_responses`): the
+    engine counts it (exported as specdec:response_seconds), and an adaptive policy charges it
+    per row and step; a fixed policy has no cost model to charge."""
+    eng = engine(kit, "draft", max_batch=2, max_context=64, policy="adaptive")
+    eng.note_responses(0.003, 6)
+    eng.note_responses(0.0, 0)  # a sender wake-up with nothing sent
+    assert eng.metrics.response_seconds == 0.003 and eng.metrics.response_outputs == 6
+    assert eng.policy.cost.output_per_row == pytest.approx(0.0005 / eng.policy.cost.load)
+    fixed = engine(kit, "draft", max_batch=2, max_context=64, policy="fixed")
+    fixed.note_responses(0.003, 6)
+    assert fixed.policy.cost is None and fixed.metrics.response_outputs == 6
+
+
 def test_a_huge_prompt_is_refused_before_tokenizing(kit):
     eng = engine(kit, max_context=64)
     bound = 63 * eng.tokenizer.max_token_chars

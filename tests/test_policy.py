@@ -320,12 +320,19 @@ def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
 
 def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float, fed: int = 1) -> list[int]:
     """Run the policy to its next probe and report that probe's proposal time, which fed each
-    drafting row `fed` entries first; the probe's ks."""
+    drafting row `fed` entries first, then the follow-up that drafts the caught-up rows again (in
+    sync, at the probe's time); the probe's ks."""
     while True:
         ks = p.choose(batch)
         if any(ks):
             p.observe(StepRecord(batch, ks, [min(k, 1) for k in ks], [0] * len(ks), [fed if k else 0 for k in ks],
                                  propose_seconds=propose_seconds, depth=1, tokens=len(batch) + sum(ks)))
+            if p.follow_up is not None:
+                again = p.choose(batch)
+                assert again == ks  # the same rows, as deep
+                p.observe(StepRecord(batch, again, [min(k, 1) for k in again], [0] * len(again),
+                                     [1 if k else 0 for k in again], propose_seconds=propose_seconds, depth=1,
+                                     tokens=len(batch) + sum(again)))
             return ks
 
 
@@ -568,3 +575,40 @@ def test_the_curve_reads_its_points_non_decreasing():
     c = CostModel([8, 14, 16, 17], [2.0, 5.2, 4.2, 6.3], measured={14, 16})
     assert c.verify_at_calibration(14) == pytest.approx(4.7) and c.verify_at_calibration(16) == pytest.approx(4.7)
     assert c.seconds == [2.0, 5.2, 4.2, 6.3]  # the points themselves stay what the steps said
+
+
+def test_a_paused_batchs_probe_that_caught_up_drafts_again_in_sync_and_times_the_proposal():
+    """A probe of a paused batch whose rows first caught up is timed as a catch-up, not as a
+    proposal; the next step drafts the same rows again, now in sync, which is: a proposal cost
+    over-rated at start-up (timed under contention) is corrected while paused, as an under-rated
+    one is by drafting."""
+    backlogs = {}
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k, backlog=lambda s: backlogs[s.slot])
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], draft_fixed=5.0, draft_per_level=5.0)  # off
+    [s] = seqs(p, 1, 0.9)
+    backlogs[s.slot] = 60
+    while not any(ks := p.choose([s])):
+        p.observe(StepRecord([s], ks, [0], [0], [0], step_seconds=1.0, tokens=1))
+    p.observe(StepRecord([s], ks, [ks[0]], [ks[0]], [60], propose_seconds=0.5, depth=ks[0], step_seconds=1.2,
+                         tokens=1 + ks[0]))
+    assert p.cost.draft_seen == 0  # a catch-up: not a proposal sample
+    backlogs[s.slot] = 1 + ks[0]
+    assert p.choose([s]) == ks  # the follow-up
+    p.observe(StepRecord([s], ks, [ks[0]], [ks[0]], [1 + ks[0]], propose_seconds=0.2, depth=ks[0],
+                         step_seconds=1.2, tokens=1 + ks[0]))
+    assert p.cost.draft_seen == 1 and p.cost.draft(ks[0]) == pytest.approx(0.2)
+
+
+def test_the_servers_cost_per_row_and_step_makes_fewer_steps_worth_more():
+    """A draft that loses on the engine's costs alone (4.5 tokens a step for 5 plain steps' time)
+    pays once every row's response costs as much as a plain step: drafting makes fewer steps,
+    and so fewer responses, for the same tokens."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 5], [1.0, 2.0], draft_fixed=0.6, draft_per_level=0.6)
+    [s] = seqs(p, 1, 0.95)
+    assert p.best([4], [0.95], [0.95], [False]) == (0, set())
+    p.cost.observe_output(1.0)
+    assert p.cost.output_per_row == 1.0
+    assert p.best([4], [0.95], [0.95], [False])[0] > 0
+    p.cost.observe_output(3.0)  # recent responses, averaged
+    assert 1.0 < p.cost.output_per_row < 3.0

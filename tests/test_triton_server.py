@@ -280,6 +280,9 @@ def test_metrics_count_accepted_tokens(served):
         assert metric(after, name, model=model) > 0, name
     assert metric(after, "specdec:request_success", model=model, finished_reason="length") > 0
     assert metric(after, "specdec:kv_slots", model=model) == 4
+    # the sender thread's CPU for responses, which the adaptive policy charges every row's step
+    assert wait_for(lambda: metric(scrape(served), "specdec:response_seconds", model=model) >
+                    metric(before, "specdec:response_seconds", model=model))
     for phase in ("prefill", "draft", "forward", "verify"):  # the engine's busy time, by phase
         assert wait_for(lambda: metric(scrape(served), "specdec:engine_seconds", model=model, phase=phase) >
                         metric(before, "specdec:engine_seconds", model=model, phase=phase)), phase

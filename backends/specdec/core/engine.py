@@ -66,6 +66,8 @@ class EngineMetrics:
     # where a decode step's time goes (`specdec bench --profile`): seconds per phase, summed over steps
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     decode_seconds: float = 0.0  # whole decode steps: the phases plus what no phase covers
+    response_seconds: float = 0.0  # a server's CPU time sending responses, outside the engine thread (`note_responses`)
+    response_outputs: int = 0  # ... for this many Outputs (one per running sequence and step)
 
     def busy_seconds(self) -> dict[str, float]:
         """Engine time by phase: "prefill", each decode phase and "other" (what no decode phase
@@ -418,6 +420,15 @@ class Engine:
             positions = (start + torch.arange(width, device=self.device)).expand(rows, -1)
             hidden = self.target(tokens, positions, self.cache, list(range(rows)), [start] * rows)
             self.target.logits(hidden).argmax(-1).tolist()
+
+    def note_responses(self, seconds: float, outputs: int) -> None:
+        """A server's sender thread spent `seconds` of CPU sending the responses of `outputs`
+        Outputs (one per running sequence and step): counted, and charged by the adaptive policy
+        to every row of every step (`CostModel.observe_output`). Called from that thread."""
+        self.metrics.response_seconds += seconds
+        self.metrics.response_outputs += outputs
+        if self.policy.cost is not None and outputs:
+            self.policy.cost.observe_output(seconds / outputs)
 
     def time_proposals(self, rounds: int = 2) -> list[tuple[int, int, float]]:
         """(rows, depth, seconds): the fastest in-sync proposal for one row and for a full batch at

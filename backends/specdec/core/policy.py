@@ -70,6 +70,7 @@ SHAPE_BOUND = 2.0  # real steps may move a point of the curve this far from the 
 # 1.4x; speculation then stopped, no fresh step at those counts came to undo it, and the draft
 # model, which gains 1.5x at c=1, drafted in 10% of its steps (3 runs of 3 engines sharing 2 cores)
 LOAD_RATE = 0.2  # how far one measured step moves the machine's load factor
+OUTPUT_RATE = 0.05  # how far one batch of sent responses moves the output cost per row and step
 PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one candidate k deeper
 # than the policy's pick: it measures the acceptance of sequences that stopped, and the verify and
 # proposal costs just beyond the pick, which the policy otherwise only guesses (so a cost or an
@@ -105,7 +106,6 @@ ROW_SHARE = 0.5  # each drafting row past the first adds this share of a one-row
 # charged one proposal for any rows (0), the draft model served 4 users at 0.83-0.90x
 ROW_SHARES = [i / 20 for i in range(21)]  # the row shares a refit tries (0 .. 1: m rows never cost
 # more than m one-row proposals)
-START_SAMPLES = 4  # how many recent proposals each proposal timed before serving counts as (of 64 kept)
 DRAFT_REFIT_EVERY = 8  # proposals between refits of the proposal-cost fit, after the first ones
 CATCH_UP_SAMPLES = 16  # recent catch-ups whose median cost per entry the policy charges resumes with
 CATCH_UP_MIN_ENTRIES = 16  # a catch-up of fewer entries beyond the steady ones is not timed: the
@@ -156,6 +156,7 @@ class CostModel:
     draft_seen: int = 0  # proposals timed so far
     catch_up_per_entry: float = 0.0  # at load 1: a catch-up's cost past the proposal's, per entry fed
     catch_up_samples: deque = field(default_factory=lambda: deque(maxlen=CATCH_UP_SAMPLES))
+    output_per_row: float = 0.0  # at load 1: the server's cost outside the engine per row and step (`observe_output`)
     load: float = 1.0  # how much slower than at calibration the machine runs now
     last_n: int = 0  # the token count of the last measured step (0: none yet)
     # verify_at_calibration by token count, kept until the curve's points move: the policy looks
@@ -208,11 +209,11 @@ class CostModel:
 
     def start_proposals(self, timed: list[tuple[int, int, float]]) -> None:
         """Start the proposal fit from (rows, depth, seconds) timed before serving, in place of the
-        guess `measure` starts with: each counts as START_SAMPLES recent proposals, so proposals
-        timed while serving take over as they come (one in-sync probe at twice the start-up time,
-        fitted alone, had doubled a paused draft model's cost at batch 8)."""
+        guess `measure` starts with: each is one of the recent samples, so proposals timed while
+        serving take over as they come (kept apart, the first in-sync probe, at twice the start-up
+        time, replaced the whole fit and doubled a paused draft model's cost at batch 8)."""
         for m, d, t in timed:
-            self.draft_samples.extend([(d, m, t)] * START_SAMPLES)
+            self.draft_samples.append((d, m, t))
         if timed:
             self.refit_from_samples()
 
@@ -256,6 +257,16 @@ class CostModel:
         extra = seconds / self.load - self.draft_at_calibration(depth) * self.rows_factor(rows)
         self.catch_up_samples.append(max(extra, 0.0) / entries)
         self.catch_up_per_entry = statistics.median(self.catch_up_samples)
+
+    def observe_output(self, seconds: float) -> None:
+        """What the server spent outside the engine on one row's output of one step (its response:
+        built, sent to tritonserver; measured as the sender thread's CPU time), averaged over recent
+        ones. Every step pays it for every row, so a step that commits more tokens a row makes
+        fewer of them: served at one user, where responses cost the stub 0.17-0.3 ms CPU a step
+        beside a 0.6-1.1 ms engine step on the same two cores, EAGLE gained 1.44x the baseline
+        while drafting, and an engine whose policy saw its step alone judged that a loss and paused."""
+        x = seconds / self.load
+        self.output_per_row = x if not self.output_per_row else self.output_per_row + OUTPUT_RATE * (x - self.output_per_row)
 
     def observe_verify(self, n: int, seconds: float, plain: int = 0) -> None:
         """Move the load towards a measured step (and the curve's shape, `observe_shape`: `plain`
@@ -389,6 +400,12 @@ def consistent(points: list[tuple[int, float, int]]) -> list[tuple[int, float, i
     return [(d, seconds[d], w) for d, _, w in points]
 
 
+def is_pinned(seq: Sequence) -> bool:
+    """A seeded sampled request draws its random numbers per draft position, so its output depends
+    on its k schedule: it keeps its cap, and reproduces whatever the load."""
+    return seq.params.seed is not None and not seq.params.greedy
+
+
 def estimate(accepted: float, rejected: float, prior: float) -> float:
     """An acceptance from (decayed) counts of trials, with PRIOR_TRIALS pseudo-trials at `prior`."""
     return (accepted + PRIOR_TRIALS * prior) / (accepted + rejected + PRIOR_TRIALS)
@@ -455,6 +472,11 @@ class Policy:
         # while speculation is off: when to search again, for which slots, and their ks meanwhile
         self.recheck_at, self.recheck_gap, self.paused_batch, self.paused_ks = 0, PAUSED_RECHECK, [], []
         self.affordable_gap = 0.0  # steps over which a one-sequence probe, as the last one cost, fits PROBE_BUDGET
+        # (slots, k): a paused batch's probe that caught its rows up drafts them again the next step,
+        # in sync, so that a paused method's proposal cost is timed too (the probe's own time is a
+        # catch-up's): priors that over-rate it (a start-up timing under contention) then correct
+        # themselves as under-rating ones always did, by drafting
+        self.follow_up: tuple[set[int], int] | None = None
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
@@ -482,6 +504,10 @@ class Policy:
         if not self.adaptive or self.cost is None or self.max_k == 0:
             return [self.cap(s) for s in seqs]
         self.steps += 1
+        if self.follow_up is not None:
+            slots, probe = self.follow_up
+            self.follow_up = None
+            return [c if is_pinned(s) else min(probe, c) if s.slot in slots else 0 for s, c in zip(seqs, map(self.cap, seqs))]
         batch = [s.slot for s in seqs]
         paused = self.steps < self.recheck_at and batch == self.paused_batch
         if paused and self.steps < self.next_probe:  # the same batch, nothing it reads has moved
@@ -489,9 +515,7 @@ class Policy:
         caps = [self.cap(s) for s in seqs]
         alphas = [self.acceptance(s) for s in seqs]
         betas = [self.later_acceptance(s) for s in seqs]
-        # a seeded sampled request draws its random numbers per draft position, so its output
-        # depends on its k schedule: it keeps its cap, and reproduces whatever the load
-        pinned = [s.params.seed is not None and not s.params.greedy for s in seqs]
+        pinned = [is_pinned(s) for s in seqs]
         if paused:
             k, drafting = 0, set()
         else:
@@ -519,6 +543,8 @@ class Policy:
             free = [i for i, p in enumerate(pinned) if not p]
             narrow = not drafting and free and (self.narrow_probes or self.catch_up_over_budget(seqs, free))
             probing = {max(free, key=lambda i: alphas[i])} if narrow else set(free)
+            if not drafting and any(self.catch_up_entries(self.backlog(seqs[i])) for i in probing):
+                self.follow_up = ({seqs[i].slot for i in probing}, probe)
             return [c if p else min(probe, c) if i in probing else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
         return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
 
@@ -609,7 +635,8 @@ class Policy:
         verify = cost.verify_at_calibration
         fixed_rows = sum(1 for c, p in zip(caps, pinned) if p and c)
         rows_factor = [cost.rows_factor(m) for m in range(n + 1)]
-        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows])
+        output = cost.output_per_row * n  # every row's response, whatever the step commits
+        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + output)
         best_k = best_m = 0
         for k in self.candidates[1:]:
             tokens, extra, depth, catch_up = fixed_tokens, fixed_extra, fixed_depth, 0.0
@@ -621,7 +648,7 @@ class Policy:
                 catch_up += charges[i]
                 if d > depth:
                     depth = d
-                r = tokens / (verify(n + extra) + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up)
+                r = tokens / (verify(n + extra) + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up + output)
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])

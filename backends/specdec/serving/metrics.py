@@ -27,6 +27,8 @@ FAMILIES = {
     "specdec:prompt_tokens": ("counter", "Prompt tokens prefilled"),
     "specdec:engine_seconds": ("counter", "Engine thread's busy time by phase: prefill, then a decode step's "
                                "schedule, policy, draft, inputs, forward, verify, compact, commit, output, other"),
+    "specdec:response_seconds": ("counter", "CPU time the backend's sender thread spent building and sending "
+                                 "responses (outside the engine thread)"),
     "specdec:request_success": ("counter", "Finished requests by finished_reason (length, eos, stop, cancelled, error)"),
     "specdec:num_requests_running": ("gauge", "Requests holding a KV slot"),
     "specdec:num_requests_waiting": ("gauge", "Requests queued for a KV slot"),
@@ -46,6 +48,7 @@ ENGINE_COUNTERS = {
     "specdec:spec_decode_num_accepted_tokens": "accepted_tokens",
     "specdec:generation_tokens": "output_tokens",
     "specdec:prompt_tokens": "prefill_tokens",
+    "specdec:response_seconds": "response_seconds",
 }
 
 

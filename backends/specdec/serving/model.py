@@ -283,11 +283,13 @@ class TritonPythonModel:
             for item in batch:
                 if item is not None:
                     groups.setdefault(item[0], []).append(item[1])
+            cpu = time.thread_time()
             for stream, outs in groups.items():
                 try:
                     stream.deliver(outs)  # catches its own errors; this is the last line of defence
                 except Exception:
                     pb_utils.Logger.log_error(f"specdec: sender: {traceback.format_exc()}")
+            self.engine.note_responses(time.thread_time() - cpu, sum(map(len, groups.values())))
             if None in batch:
                 return
 
