@@ -325,6 +325,7 @@ def test_adaptive_start_up_times_proposals_then_forgets_its_timing_requests(kit,
     assert sorted(fresh.free_slots) == [0, 1, 2, 3] and not fresh.streams and not fresh.running
     [result] = fresh.generate(["def f(x):"], SamplingParams(max_tokens=8, ignore_eos=True))
     assert result.error is None and len(result.token_ids) == 8
+    assert engine(kit, method, max_batch=4, max_context=1, policy="adaptive").time_proposals() == []  # no request fits
 
 
 def test_a_servers_response_cost_is_counted_and_reaches_the_adaptive_policy(kit):

@@ -439,10 +439,12 @@ class Engine:
         was 4x that (2.1 one-token forwards at depth 4), prompt lookup's a twelfth of it, and a
         paused method whose probes all caught up first (at batch 8 every probe did) kept the
         guess for good."""
+        prompt = [1 + i % 8 for i in range(min(24, self.max_context // 2))]  # a pattern prompt lookup finds
+        if not prompt:  # a context too short for any request (one token): nothing to time
+            return []
         top, cost = self.policy.max_k, self.policy.cost
         self.policy.cost = None  # no cost model: every request drafts its cap
         cells = [(rows, k) for rows in sorted({1, self.max_batch}) for k in sorted({min(2, top), top})]
-        prompt = [1 + i % 8 for i in range(min(24, self.max_context // 2))]  # a pattern prompt lookup finds
         params = {k: SamplingParams(max_tokens=min(16, self.max_context - len(prompt)), ignore_eos=True,
                                     num_draft_tokens=k) for k in {k for _, k in cells}}
         fastest = dict.fromkeys(cells, float("inf"))
