@@ -321,7 +321,7 @@ class CostModel:
         seconds = self.curve.get(n)
         if seconds is None:
             if not self.curve:  # the points moved since the last lookup
-                self.rising_seconds = rising(self.seconds, [1.0 if n in self.measured else 1e-9 for n in self.token_counts])
+                self.rising_seconds = rising(self.seconds, [1.0 if c in self.measured else 1e-9 for c in self.token_counts])
             seconds = self.curve[n] = interpolate(self.token_counts, self.rising_seconds, n)
         return seconds
 
@@ -404,6 +404,12 @@ def is_pinned(seq: Sequence) -> bool:
     """A seeded sampled request draws its random numbers per draft position, so its output depends
     on its k schedule: it keeps its cap, and reproduces whatever the load."""
     return seq.params.seed is not None and not seq.params.greedy
+
+
+def drafting_ks(caps: list[int], pinned: list[bool], k: int, rows: set[int]) -> list[int]:
+    """Each sequence's draft length: a pinned one (`is_pinned`) its cap, one of `rows` k within its
+    cap, the others none. The one place a choice becomes the step's ks."""
+    return [c if p else min(k, c) if i in rows else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
 
 
 def estimate(accepted: float, rejected: float, prior: float) -> float:
@@ -507,7 +513,8 @@ class Policy:
         if self.follow_up is not None:
             slots, probe = self.follow_up
             self.follow_up = None
-            return [c if is_pinned(s) else min(probe, c) if s.slot in slots else 0 for s, c in zip(seqs, map(self.cap, seqs))]
+            return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], probe,
+                               {i for i, s in enumerate(seqs) if s.slot in slots})
         batch = [s.slot for s in seqs]
         paused = self.steps < self.recheck_at and batch == self.paused_batch
         if paused and self.steps < self.next_probe:  # the same batch, nothing it reads has moved
@@ -526,7 +533,7 @@ class Policy:
                 same = batch == self.paused_batch
                 self.recheck_gap = min(2 * self.recheck_gap, PAUSED_RECHECK_MAX) if same else PAUSED_RECHECK
                 self.recheck_at, self.paused_batch = self.steps + self.recheck_gap, batch
-            self.paused_ks = [c if p else 0 for c, p in zip(caps, pinned)]
+            self.paused_ks = drafting_ks(caps, pinned, 0, set())
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
             self.affordable_gap = 0.0  # the drafter is kept in sync again: its next pause is measured afresh
@@ -536,7 +543,7 @@ class Policy:
             self.next_probe = self.steps + self.probe_gap
             self.probes += 1
             if drafting and self.probes % 2 == 0:  # an anchor
-                return [c if p else 0 for c, p in zip(caps, pinned)]
+                return drafting_ks(caps, pinned, 0, set())
             # at least 2 tokens deep: a probe of one measures neither beta nor how the proposal's
             # cost grows with depth, and a batch off since its start (k = 0) probed only 1 deep
             probe = self.candidates[min(max(self.candidates.index(k) + 1, 2), len(self.candidates) - 1)]
@@ -545,8 +552,8 @@ class Policy:
             probing = {max(free, key=lambda i: alphas[i])} if narrow else set(free)
             if not drafting and any(self.catch_up_entries(self.backlog(seqs[i])) for i in probing):
                 self.follow_up = ({seqs[i].slot for i in probing}, probe)
-            return [c if p else min(probe, c) if i in probing else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
-        return [c if p else min(k, c) if i in drafting else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
+            return drafting_ks(caps, pinned, probe, probing)
+        return drafting_ks(caps, pinned, k, drafting)
 
     def catch_up_entries(self, backlog: int) -> int:
         """Of a drafter's backlog, the entries that are a catch-up: past what a drafting sequence's
