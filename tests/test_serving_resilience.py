@@ -197,6 +197,16 @@ def metric(http_metrics_port: int, name: str, model: str) -> float | None:
     return None
 
 
+def arrived(http_metrics_port: int, model: str) -> float:
+    """Requests the model's engine has seen: running + waiting + finished (any reason), as last
+    flushed (every 0.2 s), so it lags an arrival by up to that much."""
+    with urllib.request.urlopen(f"http://localhost:{http_metrics_port}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    names = ("specdec:num_requests_running{", "specdec:num_requests_waiting{", "specdec:request_success{")
+    return sum(float(line.split()[-1]) for line in lines
+               if line.startswith(names) and f'model="{model}"' in line)
+
+
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -307,6 +317,9 @@ def test_signal_drains_streams_in_flight_and_stops_cleanly(repo, tmp_path, signu
         # (8 streams finished within 0.5 s once detokenizing got O(1) a step), while the drain still
         # runs when the refused request below arrives (a 0.1 s drain had unloaded the model by then)
         streams = open_streams(serve.grpc, "spec_ngram", 48)
+        # every request reached the engine before the signal: one still in a stream thread's send
+        # when SIGTERM lands is rightly refused by the drain, which is not what this test asks
+        assert wait_for(lambda: arrived(serve.ports[2], "spec_ngram") >= 48, 30), "not all 48 requests arrived"
         t0 = time.monotonic()
         serve.proc.send_signal(signum)
         assert wait_for(lambda: "draining" in serve.text, 5)
