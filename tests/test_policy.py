@@ -150,7 +150,7 @@ def test_one_rejected_round_after_many_accepted_keeps_speculating():
     for _ in range(10):
         round_(p, s, 4, 4)
     round_(p, s, 4, 0)
-    assert p.acceptance(s) > 0.85
+    assert p.acceptance(s) > 0.7  # the last rounds weigh most (DECAY), ten accepted ones still outweigh one
     assert p.choose([s]) == [4]
 
 
