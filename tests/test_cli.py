@@ -50,6 +50,29 @@ def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, cap
         assert f"| {f['batch']} | {f['method']} | {steps['step']:.2f} |" in out  # the profile table
 
 
+def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "bench.json"
+    args = ["bench", *kit_args(kit), "--methods", "ngram,draft", "--prompts", "2", "--max-tokens", "10",
+            "--repeats", "2", "--batch-sizes", "2", "--json", str(path), "--policies", "fixed,adaptive"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    figures = json.loads(path.read_text())["figures"]
+    assert [(f["label"], f["method"], f["policy"]) for f in figures] == [
+        ("baseline", "baseline", "fixed"), ("ngram/fixed", "ngram", "fixed"), ("ngram/adaptive", "ngram", "adaptive"),
+        ("draft/fixed", "draft", "fixed"), ("draft/adaptive", "draft", "adaptive")]
+    for f in figures:
+        assert f"| 2 | {f['label']} |" in out and f["identical_share"] == 1.0
+    # the test kit's draft model is rarely accepted: fixed k drafts 4 tokens a round, the adaptive
+    # policy pauses it and drafts in its probes only (2 deep)
+    fixed, adaptive = (next(f for f in figures if f["label"] == f"draft/{p}") for p in ("fixed", "adaptive"))
+    assert fixed["mean_draft_tokens"] == 4.0 and adaptive["mean_draft_tokens"] < 4.0
+
+
+def test_bench_refuses_an_unknown_policy_by_name(kit):  # noqa: F811
+    with pytest.raises(SystemExit, match="--policies names 'greedy'"):
+        main(["bench", *kit_args(kit), "--policies", "fixed,greedy"])
+
+
 def test_the_bound_is_tokens_committed_per_second_of_proposals_and_forwards():
     # rows that finish early leave later steps with fewer rows: the bound counts what the run
     # committed, not tokens per row times a full batch (prefill gave each of the 8 its first token)

@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from specdec.core.config import PATH_KEYS, SETTINGS, EngineConfig, add_arguments, given
+from specdec.core.config import PATH_KEYS, POLICIES, SETTINGS, EngineConfig, add_arguments, given
 from specdec.paths import DEMO_KIT
 
 
@@ -84,10 +84,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         methods.insert(0, "baseline")
     prompts = load_jsonl(a.prompts_file)[: a.prompts] if a.prompts_file else heldout_prompts(a.prompts, a.band, a.seed)
     sizes = [int(b) for b in a.batch_sizes.split(",")]
+    policies = a.policies.split(",") if a.policies else [cfg.scheduler.policy]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        sys.exit(f"specdec bench: --policies names {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
-          f"batch sizes {sizes}, k={cfg.proposer.k} ({cfg.scheduler.policy}), {a.repeats} interleaved repeats, "
+          f"batch sizes {sizes}, k={cfg.proposer.k} ({', '.join(policies)}), {a.repeats} interleaved repeats, "
           f"{cfg.runtime.device} {cfg.runtime.dtype}")
-    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer)
+    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer, policies=policies)
     print(table(figures))
     if a.peer:
         print(f"\n{a.peer} peer, interleaved with specdec (same checkpoints, prompt ids, k):")
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the figures to this JSON file")
     b.add_argument("--profile", action="store_true", help="also split a decode step's time by phase, per method")
+    b.add_argument("--policies", help="comma-separated draft-length policies (fixed,adaptive): every method runs "
+                   "under each, interleaved in the same repeats (overrides --policy)")
     b.add_argument("--peer", choices=["hf"], help="also run HF transformers' plain, assisted and prompt-lookup "
                    "generation on the same checkpoints, interleaved, and print the ratios")
     b.set_defaults(func=cmd_bench)

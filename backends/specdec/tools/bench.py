@@ -32,6 +32,8 @@ from specdec.core.sampling import SamplingParams
 class MethodFigures:
     method: str
     batch: int
+    policy: str  # the draft-length policy it ran under (the baseline drafts nothing under either)
+    label: str  # as the tables name it: the method, or `method/policy` where a run compares policies
     tokens_per_s: float
     speedup: float
     speedup_range: tuple[float, float]  # lowest and highest per-repeat ratio: the machine's noise
@@ -127,14 +129,27 @@ def step_profile(runs: list[EngineMetrics]) -> dict[str, float]:
     return {name: statistics.median(r[name] for r in rows) for name in rows[0]}
 
 
+def variants(methods: list[str], policies: list[str]) -> dict[str, tuple[str, str]]:
+    """Label -> (method, policy) of the engines one run compares: every method under each policy,
+    labelled by the method alone when there is one policy, as `method/policy` when there are more
+    (the baseline once: it drafts nothing under either)."""
+    return {(m if len(policies) == 1 or m == "baseline" else f"{m}/{p}"): (m, p)
+            for m in methods for p in (policies[:1] if m == "baseline" else policies)}
+
+
 def bench(
     base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
-    repeats: int, log=print, peer: str | None = None,
+    repeats: int, log=print, peer: str | None = None, policies: list[str] | None = None,
 ) -> list[MethodFigures]:
+    """`policies` (default: the base config's): with more than one, every speculative method runs
+    under each, interleaved in the same repeats, so adaptive and fixed k are compared side by side
+    (two runs, one per policy, each against its own baseline, differed by more than the machine's
+    drift lets two runs be compared: 1.19x against 1.55x for the draft model at batch 1)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     figures: list[MethodFigures] = []
+    labels = variants(methods, policies or [base.scheduler.policy])
     for batch in batch_sizes:
-        engines = {m: build_engine(base.with_(method=m, max_batch=batch)) for m in methods}
+        engines = {label: build_engine(base.with_(method=m, max_batch=batch, policy=p)) for label, (m, p) in labels.items()}
         freeze_heap()
         if batch == batch_sizes[0]:
             curve = verify_cost_curve(engines["baseline"])
@@ -142,10 +157,10 @@ def bench(
                 + ", ".join(f"{n}: {r:.2f}" for n, r in curve.items()))
         for eng in engines.values():  # warm-up: first calls allocate and fill caches
             eng.generate(prompts[:batch], SamplingParams(max_tokens=8, ignore_eos=True))
-        seconds: dict[str, list[float]] = {m: [] for m in methods}
+        seconds: dict[str, list[float]] = {m: [] for m in labels}
         outputs: dict[str, list[list[int]]] = {}
         stats: dict[str, list] = {}
-        runs: dict[str, list[EngineMetrics]] = {m: [] for m in methods}
+        runs: dict[str, list[EngineMetrics]] = {m: [] for m in labels}
         hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" else None
         peers = hf.methods(batch) if hf else []
         peer_seconds: dict[str, list[float]] = {p: [] for p in peers}
@@ -168,7 +183,7 @@ def bench(
                 peer_seconds[p].append(s)
                 log(f"  batch {batch} repeat {r + 1}/{repeats} {p:9s} {sum(map(len, peer_outputs[p])) / s:8.1f} tok/s")
         base_rates = [forward_rate(run, len(prompts)) for run in runs["baseline"]]
-        for m in methods:
+        for m, (method, policy) in labels.items():
             mt = runs[m][-1]  # the last repeat's counters (acceptance, drafts)
             tokens = sum(map(len, outputs[m]))
             ratios = [seconds["baseline"][r] / seconds[m][r] for r in range(repeats)]
@@ -179,7 +194,7 @@ def bench(
             margins = [divergence_margin(engines[m], p, ref, got)
                        for p, ref, got, same in zip(prompts, outputs["baseline"], outputs[m], identical) if not same]
             figures.append(MethodFigures(
-                method=m, batch=batch, tokens_per_s=tokens / statistics.median(seconds[m]),
+                method=method, batch=batch, policy=policy, label=m, tokens_per_s=tokens / statistics.median(seconds[m]),
                 speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)),
                 mean_accepted_length=tau,
                 acceptance_rate=mt.accepted_tokens / mt.draft_tokens if mt.draft_tokens else 0.0,
@@ -191,12 +206,12 @@ def bench(
                 divergence_margins=sorted(margins), step_ms=step_profile(runs[m]),
             ))
         for p in peers:
-            pair = PAIRS[p]
+            pair = next((label for label, (m, _) in labels.items() if m == PAIRS[p]), None)  # under the first policy
             ratios = [seconds["baseline"][r] / peer_seconds[p][r] for r in range(repeats)]
             versus = ([peer_seconds[p][r] / seconds[pair][r] for r in range(repeats)] if pair in seconds else [])
             identical = [a == b for a, b in zip(peer_outputs[p], outputs["baseline"])]
             figures.append(MethodFigures(
-                method=p, batch=batch, tokens_per_s=sum(map(len, peer_outputs[p])) / statistics.median(peer_seconds[p]),
+                method=p, batch=batch, policy="", label=p, tokens_per_s=sum(map(len, peer_outputs[p])) / statistics.median(peer_seconds[p]),
                 speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)), mean_accepted_length=0.0,
                 acceptance_rate=0.0, accepted_per_position=[], mean_draft_tokens=0.0,
                 identical_share=sum(identical) / len(identical), analytic_bound=0.0,
@@ -224,7 +239,7 @@ def table(figures: list[MethodFigures]) -> str:
         if f.divergence_margins:
             ident += f" (margins {', '.join(f'{m:.3f}' for m in f.divergence_margins[:3])})"
         lines.append(
-            f"| {f.batch} | {f.method} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
+            f"| {f.batch} | {f.label} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
             f"{f.speedup_range[0]:.2f}-{f.speedup_range[1]:.2f} | {f.analytic_bound:.2f}x | {eff} | "
             f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
             f"{f.distinct_4:.2f} | {ident} |"
@@ -258,7 +273,7 @@ def profile_table(figures: list[MethodFigures]) -> str:
             continue
         ms = f.step_ms
         cells = " | ".join(f"{ms[n]:.2f} ({ms[n] / ms['step']:.0%})" for n in names)
-        lines.append(f"| {f.batch} | {f.method} | {ms['step']:.2f} | {ms['tokens']:.2f} | {cells} |")
+        lines.append(f"| {f.batch} | {f.label} | {ms['step']:.2f} | {ms['tokens']:.2f} | {cells} |")
     return "\n".join(lines)
 
 
