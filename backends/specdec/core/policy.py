@@ -113,7 +113,10 @@ ROW_SHARE = 0.5  # each drafting row past the first adds this share of a one-row
 # charged one proposal for any rows (0), the draft model served 4 users at 0.83-0.90x
 ROW_SHARES = [i / 20 for i in range(21)]  # the row shares a refit tries (0 .. 1: m rows never cost
 # more than m one-row proposals)
-DRAFT_REFIT_EVERY = 8  # proposals between refits of the proposal-cost fit, after the first ones
+DRAFT_REFIT_FIRST = 8  # the first proposals each refit the proposal-cost fit ...
+DRAFT_REFIT_EVERY = 32  # ... later ones every this many: a refit (a least-squares fit per row share,
+# over medians of 64 samples) took 75 us, and every 8th proposal it was a third of the policy's
+# time a step at batch 1; the load factor follows the machine's speed between refits
 CATCH_UP_SAMPLES = 16  # recent catch-ups whose median cost per entry the policy charges resumes with
 CATCH_UP_MIN_ENTRIES = 16  # a catch-up of fewer entries beyond the steady ones is not timed: the
 # proposal's own jitter (tens of microseconds) would dominate its per-entry cost
@@ -171,6 +174,8 @@ class CostModel:
     curve: dict[int, float] = field(default_factory=dict, repr=False)
     measured: set[int] = field(default_factory=set, repr=False)  # counts whose point real steps set (`observe_shape`)
     rising_seconds: list[float] = field(default_factory=list, repr=False)  # `rising(...)` of the points, made with `curve`
+    table_key: tuple = field(default=(), repr=False)  # what `proposal_table` was made for
+    table: tuple[list[float], list[float]] = field(default=([], []), repr=False)
     # token count -> recent (step number, seconds) of real steps at it
     recent: dict[int, deque] = field(default_factory=dict, repr=False)
     steps: int = 0
@@ -198,19 +203,29 @@ class CostModel:
         rows, the draft model served 4 users at 0.83-0.90x the baseline)."""
         return 1.0 + self.row_share * (rows - 1) if rows > 0 else 0.0
 
+    def proposal_table(self, depths: int, rows: int) -> tuple[list[float], list[float]]:
+        """`draft_at_calibration` of depths 0..depths and `rows_factor` of 0..rows, kept until the
+        fit moves (a refit): `Policy.best` reads them every step."""
+        key = (self.draft_fixed, self.draft_per_level, self.row_share, depths, rows)
+        if self.table_key != key:
+            self.table_key = key
+            self.table = ([self.draft_at_calibration(d) for d in range(depths + 1)],
+                          [self.rows_factor(m) for m in range(rows + 1)])
+        return self.table
+
     def observe_draft(self, depth: int, seconds: float, rows: int = 1) -> None:
         """Refit the one-row fixed + per_level * depth, and the rows' share once two row counts
         were timed: least squares over the median time of each depth and row count seen recently
         (medians, so that proposals preempted on a busy machine do not move it), the share the one
         of ROW_SHARES that fits best. A sample counts at most 3x the current prediction: one
         proposal that caught up on a whole prompt must not switch speculation off for good (while
-        it is off no samples correct it). The first DRAFT_REFIT_EVERY samples refit it each, later
+        it is off no samples correct it). The first DRAFT_REFIT_FIRST samples refit it each, later
         ones every DRAFT_REFIT_EVERY-th: the refit, every step of a drafting batch, was 6 us of a
-        0.33 ms prompt-lookup step at batch 1, and the medians of 64 samples move little in 8."""
+        0.33 ms prompt-lookup step at batch 1, and the medians of 64 samples move little in 32."""
         predicted, seconds = self.draft_at_calibration(depth) * self.rows_factor(rows), seconds / self.load
         self.draft_samples.append((depth, rows, min(seconds, 3 * predicted) if predicted > 0 else seconds))
         self.draft_seen += 1
-        if self.draft_seen > DRAFT_REFIT_EVERY and self.draft_seen % DRAFT_REFIT_EVERY:
+        if self.draft_seen > DRAFT_REFIT_FIRST and self.draft_seen % DRAFT_REFIT_EVERY:
             return
         self.refit_from_samples()
 
@@ -540,7 +555,7 @@ class Policy:
                 same = batch == self.paused_batch
                 self.recheck_gap = min(2 * self.recheck_gap, PAUSED_RECHECK_MAX) if same else PAUSED_RECHECK
                 self.recheck_at, self.paused_batch = self.steps + self.recheck_gap, batch
-            self.paused_ks = drafting_ks(caps, pinned, 0, set())
+                self.paused_ks = drafting_ks(caps, pinned, 0, set())
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
             self.affordable_gap = 0.0  # the drafter is kept in sync again: its next pause is measured afresh
@@ -633,22 +648,22 @@ class Policy:
         catch-up, `charges`) and per batch (k = 0, or no sequence added), wherever the fitted
         costs say it loses.
         """
-        charges = charges or [0.0] * len(caps)
+        n = len(caps)
+        charges = charges or [0.0] * n
         cost, depth_of = self.cost, self.depth_of
-        fixed_extra = sum(c for c, p in zip(caps, pinned) if p)  # pinned sequences draft their cap
-        fixed_tokens = sum(expected_tokens(a, depth_of[c], b) if p and c else 1.0
-                           for a, b, c, p in zip(alphas, betas, caps, pinned))
-        fixed_depth = max((depth_of[c] for c, p in zip(caps, pinned) if p and c), default=0)
+        held = [i for i, p in enumerate(pinned) if p and caps[i]]  # pinned sequences draft their cap
+        fixed_rows = len(held)
+        fixed_extra = sum(caps[i] for i in held)
+        fixed_tokens = n - fixed_rows + sum(expected_tokens(alphas[i], depth_of[caps[i]], betas[i]) for i in held)
+        fixed_depth = max((depth_of[caps[i]] for i in held), default=0)
         order = sorted((i for i, p in enumerate(pinned) if not p and alphas[i] >= COLLAPSE_ALPHA and caps[i]),
                        key=lambda i: -alphas[i])
-        n = len(caps)
         # this runs every step, a few dozen rates at batch 8, so each lookup is cheap: rates are
         # only compared with each other, so costs stay in calibration units (the load factor
-        # scales them all alike), and the curve's points are memoized between steps
-        draft_s = [cost.draft_at_calibration(d) for d in range(depth_of[-1] + 1)]
+        # scales them all alike), and the curve's points and the proposal costs are memoized
+        # between steps
+        draft_s, rows_factor = cost.proposal_table(depth_of[-1], n)
         verify = cost.verify_at_calibration
-        fixed_rows = sum(1 for c, p in zip(caps, pinned) if p and c)
-        rows_factor = [cost.rows_factor(m) for m in range(n + 1)]
         output = cost.output_per_row * n  # every row's response, whatever the step commits
         best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + output)
         best_k = best_m = 0
