@@ -50,13 +50,16 @@ def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, cap
         assert f"| {f['batch']} | {f['method']} | {steps['step']:.2f} |" in out  # the profile table
 
 
-def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):  # noqa: F811
+def run_bench(kit, tmp_path, capsys, *args: str) -> tuple[list[dict], str]:  # noqa: F811
+    """`specdec bench` on the test kit, 2 prompts of 10 tokens: its JSON figures and its output."""
     path = tmp_path / "bench.json"
-    args = ["bench", *kit_args(kit), "--methods", "ngram,draft", "--prompts", "2", "--max-tokens", "10",
-            "--repeats", "2", "--batch-sizes", "2", "--json", str(path), "--policies", "fixed,adaptive"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    figures = json.loads(path.read_text())["figures"]
+    assert main(["bench", *kit_args(kit), "--prompts", "2", "--max-tokens", "10", "--json", str(path), *args]) == 0
+    return json.loads(path.read_text())["figures"], capsys.readouterr().out
+
+
+def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):  # noqa: F811
+    figures, out = run_bench(kit, tmp_path, capsys, "--methods", "ngram,draft", "--repeats", "2", "--batch-sizes", "2",
+                             "--policies", "fixed,adaptive")
     assert [(f["label"], f["method"], f["policy"]) for f in figures] == [
         ("baseline", "baseline", "fixed"), ("ngram/fixed", "ngram", "fixed"), ("ngram/adaptive", "ngram", "adaptive"),
         ("draft/fixed", "draft", "fixed"), ("draft/adaptive", "draft", "adaptive")]
@@ -82,12 +85,9 @@ def test_the_bound_is_tokens_committed_per_second_of_proposals_and_forwards():
 
 
 def test_bench_peer_hf_runs_transformers_on_the_same_checkpoints_and_prompts(kit, tmp_path, capsys):  # noqa: F811
-    path = tmp_path / "bench.json"
-    args = ["bench", *kit_args(kit), "--methods", "baseline,draft,ngram", "--prompts", "2", "--max-tokens", "10",
-            "--repeats", "1", "--batch-sizes", "1,2", "--json", str(path), "--peer", "hf"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    peers = {(f["batch"], f["method"]): f for f in json.loads(path.read_text())["figures"] if f["method"].startswith("hf-")}
+    figures, out = run_bench(kit, tmp_path, capsys, "--methods", "baseline,draft,ngram", "--repeats", "1",
+                             "--batch-sizes", "1,2", "--peer", "hf")
+    peers = {(f["batch"], f["method"]): f for f in figures if f["method"].startswith("hf-")}
     assert set(peers) == {(1, "hf-plain"), (1, "hf-draft"), (1, "hf-ngram"), (2, "hf-plain")}
     for (batch, method), f in peers.items():
         assert f["identical_share"] == 1.0  # float64: transformers' greedy tokens are specdec's
