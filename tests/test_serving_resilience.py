@@ -306,6 +306,26 @@ def test_dead_tritonserver_is_restarted(stub_killed):
 # ---- shutdown ---------------------------------------------------------------------------------------
 # Each of these servers starts on the ports the previous one just left: a restart right after a stop
 # must not be refused.
+def test_a_tritonserver_killed_while_a_model_reloads_is_restarted_at_once(repo, tmp_path):
+    """A stub dies, the watchdog reloads its model, and tritonserver is killed during that load.
+    The load request stayed open (the stub it had started inherited the connection and lived on),
+    and the watchdog waited out its 600 s timeout with nothing serving; now it restarts tritonserver
+    as soon as the process is gone."""
+    serve = Serve(tmp_path, repo, "--models", "spec_ngram").wait_ready()
+    try:
+        assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 60), serve.text
+        server = serve.server_pid()
+        os.kill(stub_pids(server)["spec_ngram"].pop(), signal.SIGKILL)
+        assert wait_for(lambda: "reloading it" in serve.text, 10), serve.text
+        time.sleep(0.5)  # into the reload: unloading and loading spec_ngram take seconds
+        os.kill(server, signal.SIGKILL)
+        assert wait_for(lambda: "reload failed" in serve.text and "tritonserver exited with code -9" in serve.text, 15), serve.text
+        assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 120), serve.text
+        assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 1
+    finally:
+        serve.close()
+
+
 PORTS = [free_port() for _ in range(3)]
 
 

@@ -59,7 +59,7 @@ DECAY = 0.7  # per round, on a sequence's counts (also in rounds without a draft
 # last few rounds predict its next one best: replayed by `tools.acceptance_fit` (k = 4, batch 8,
 # 16 prompts), the tokens a round accepts were predicted 10% (draft model), 17% (prompt lookup)
 # and 7% (EAGLE) too low at 0.95, kept before, and 5.5%, 4% and 5% at 0.7, with a lower error
-# (rms 1.26 -> 1.19, 1.47 -> 1.36, 1.14 -> 1.07 tokens). Under-predicted, adaptive batches of 8
+# (rms 1.26 -> 1.19, 1.46 -> 1.35, 1.14 -> 1.07 tokens). Under-predicted, adaptive batches of 8
 # drafted for subsets of their rows and trailed fixed k = 4 (draft model 1.12x against 1.29x, prompt
 # lookup 0.95x against 1.21x; 1.24x and 1.12x at 0.7, one interleaved run)
 ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide acceptance's

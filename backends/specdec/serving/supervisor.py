@@ -8,7 +8,7 @@ stub, keeps answering "Stub process ... is not healthy" and keeps `/v2/models/<m
 The supervisor unloads and loads that model through the repository API (the other models keep
 serving), logs it and counts it (`specdec:model_restarts` on Triton's metrics port, via
 `control.py`). If tritonserver itself exits, it is started again on the same ports
-(`specdec:server_restarts`).
+(`specdec:server_restarts`), also while a reload's request to it is still open (`post_watched`).
 
 What a reload cannot do: the clients that dead stub was streaming to. Their response factories
 live in tritonserver, and only the stub deletes them (python_backend r24.10 `python_be.cc`:
@@ -22,6 +22,7 @@ before tritonserver gets its SIGINT, so nothing is in flight when it exits).
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -111,13 +112,35 @@ class Supervisor:
                  f"with {'?' if stuck is None else int(stuck)} requests in flight; reloading it")
         counts = control.count_restart(self.control, model)
         try:
-            self.server.post(f"/v2/repository/models/{model}/unload")
-            self.server.post(f"/v2/repository/models/{model}/load", timeout_s=self.ready_timeout_s)
+            self.post_watched(f"/v2/repository/models/{model}/unload")
+            self.post_watched(f"/v2/repository/models/{model}/load", timeout_s=self.ready_timeout_s)
         except ServerError as exc:
             self.say(f"watchdog: model {model}: reload failed: {exc}")
             return
         self.say(f"watchdog: model {model} serves again after {time.monotonic() - t0:.1f} s "
                  f"(restart {counts['models'][model]}; requests that stub was serving end only when tritonserver stops)")
+
+    def post_watched(self, path: str, **post_args: float) -> None:
+        """`TritonServer.post`, watching tritonserver's process meanwhile; raises ServerError at once where
+        it exits first. A tritonserver killed while it loaded a model left the load request open:
+        the stub it had started inherited the connection and lived on, an orphan, so the watchdog
+        waited out the whole load timeout (600 s) with a dead server and nothing serving."""
+        failed: list[ServerError] = []
+
+        def post() -> None:
+            try:
+                self.server.post(path, **post_args)
+            except ServerError as exc:
+                failed.append(exc)
+
+        request = threading.Thread(target=post, daemon=True)  # ends with the connection (the stub
+        request.start()  # dies with tritonserver's process group when it is restarted) or its timeout
+        while request.is_alive():
+            request.join(POLL_S)
+            if request.is_alive() and self.server.proc.poll() is not None:
+                raise ServerError(f"POST {path}: tritonserver exited with code {self.server.proc.returncode} meanwhile")
+        if failed:
+            raise failed[0]
 
     def restart_server(self, code: int) -> None:
         self.say(f"watchdog: tritonserver exited with code {code}; restarting it. Its log ends:\n"
