@@ -31,6 +31,7 @@ from specdec.serving.client import grpc_tensors, request_inputs
 from specdec.serving.repository import write_repository
 from specdec.serving.server import free_port
 from specdec.serving.supervisor import stub_pids
+from specdec.tools.loadtest.matrix import scrape
 from tiny_checkpoints import make_tiny_kit
 
 pytestmark = pytest.mark.slow
@@ -190,21 +191,15 @@ def generate(http: str, model: str, **body) -> tuple[int, dict]:
 
 
 def metric(http_metrics_port: int, name: str, model: str) -> float | None:
-    with urllib.request.urlopen(f"http://localhost:{http_metrics_port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(f'{name}{{model="{model}"}}'):
-                return float(line.split()[-1])
-    return None
+    return scrape(f"http://localhost:{http_metrics_port}/metrics").get((name, (("model", model),)))
 
 
 def arrived(http_metrics_port: int, model: str) -> float:
     """Requests the model's engine has seen: running + waiting + finished (any reason), as last
     flushed (every 0.2 s), so it lags an arrival by up to that much."""
-    with urllib.request.urlopen(f"http://localhost:{http_metrics_port}/metrics", timeout=5) as r:
-        lines = r.read().decode().splitlines()
-    names = ("specdec:num_requests_running{", "specdec:num_requests_waiting{", "specdec:request_success{")
-    return sum(float(line.split()[-1]) for line in lines
-               if line.startswith(names) and f'model="{model}"' in line)
+    names = {"specdec:num_requests_running", "specdec:num_requests_waiting", "specdec:request_success"}
+    return sum(value for (name, labels), value in scrape(f"http://localhost:{http_metrics_port}/metrics").items()
+               if name in names and ("model", model) in labels)
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):

@@ -37,7 +37,15 @@ class Fit:
 
     @property
     def bias(self) -> float:
-        return self.predicted / self.accepted - 1.0 if self.accepted else 0.0
+        return self.relative(self.predicted)
+
+    @property
+    def engine_bias(self) -> float:
+        return self.relative(self.engine_predicted)
+
+    def relative(self, predicted: float) -> float:
+        """How far a mean prediction lies from the mean accepted, as a fraction of it."""
+        return predicted / self.accepted - 1.0 if self.accepted else 0.0
 
 
 def record_rounds(method: str, batch: int, prompts: int, k: int, max_tokens: int) -> tuple[list[list[Round]], int]:
@@ -115,10 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     for decay in decays:
         f = replay(steps, max_k, decay)
-        engine_bias = f.engine_predicted / f.accepted - 1.0 if f.accepted else 0.0
         mark = " (the policy's)" if decay == DECAY else ""
         print(f"| {decay:g}{mark} | {f.rounds} | {f.accepted:.3f} | {f.predicted:.3f} ({100 * f.bias:+.1f}%) | {f.rmse:.3f} "
-              f"| {f.engine_predicted:.3f} ({100 * engine_bias:+.1f}%) | {f.engine_rmse:.3f} |")
+              f"| {f.engine_predicted:.3f} ({100 * f.engine_bias:+.1f}%) | {f.engine_rmse:.3f} |")
 
 
 if __name__ == "__main__":
