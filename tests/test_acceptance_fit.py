@@ -36,9 +36,16 @@ def test_rounds_that_did_not_draft_are_not_predicted():
     assert replay(steps, 4, DECAY).rounds == 31
 
 
-def test_a_decay_outside_0_1_is_refused_by_name():
-    with pytest.raises(SystemExit, match="--decays must lie in"):
-        main(["--decays", "0.7,1.5"])
+@pytest.mark.parametrize("argv, message", [
+    (["--decays", "0.7,1.5"], r"--decays must lie in \(0, 1\], got '0.7,1.5'"),
+    (["--decays", "abc"], r"--decays must be numbers separated by commas, got 'abc'"),
+    (["--batch", "0"], r"--batch must be at least 1, got 0"),
+    (["--max-tokens", "0"], r"--max-tokens must be at least 1, got 0"),
+    (["--method", "nope", "--prompts", "1"], r"acceptance_fit: unknown method 'nope'"),
+])
+def test_bad_arguments_are_refused_by_name(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(argv)
 
 
 def test_the_command_records_a_fixed_k_run_and_prints_a_row_per_decay(capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -71,9 +72,14 @@ def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):
     assert fixed["mean_draft_tokens"] == 4.0 and adaptive["mean_draft_tokens"] < 4.0
 
 
-def test_bench_refuses_an_unknown_policy_by_name(kit):  # noqa: F811
-    with pytest.raises(SystemExit, match="--policies names 'greedy'"):
-        main(["bench", *kit_args(kit), "--policies", "fixed,greedy"])
+@pytest.mark.parametrize("flag, value, message", [
+    ("--policies", "fixed,greedy", "--policies: policy must be one of adaptive, fixed, got 'greedy'"),
+    ("--batch-sizes", "1,x", "--batch-sizes must be whole numbers separated by commas, got '1,x'"),
+    ("--batch-sizes", "0", "--batch-sizes must be at least 1, got '0'"),
+])
+def test_bench_refuses_bad_lists_by_name(kit, flag, value, message):  # noqa: F811
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["bench", *kit_args(kit), flag, value])
 
 
 def test_the_bound_is_tokens_committed_per_second_of_proposals_and_forwards():

@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from specdec.core.config import PATH_KEYS, POLICIES, SETTINGS, EngineConfig, add_arguments, given
+from specdec.core.config import PATH_KEYS, SETTINGS, EngineConfig, add_arguments, given
 from specdec.paths import DEMO_KIT
 
 
@@ -83,11 +83,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if "baseline" not in methods:
         methods.insert(0, "baseline")
     prompts = load_jsonl(a.prompts_file)[: a.prompts] if a.prompts_file else heldout_prompts(a.prompts, a.band, a.seed)
-    sizes = [int(b) for b in a.batch_sizes.split(",")]
-    policies = a.policies.split(",") if a.policies else [cfg.scheduler.policy]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        sys.exit(f"specdec bench: --policies names {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    try:
+        sizes = [int(b) for b in a.batch_sizes.split(",")]
+    except ValueError:
+        sys.exit(f"specdec bench: --batch-sizes must be whole numbers separated by commas, got {a.batch_sizes!r}")
+    if min(sizes) < 1:
+        sys.exit(f"specdec bench: --batch-sizes must be at least 1, got {a.batch_sizes!r}")
+    try:
+        policies = [SETTINGS["policy"].from_text(p) for p in a.policies.split(",")] if a.policies else [cfg.scheduler.policy]
+    except ValueError as e:
+        sys.exit(f"specdec bench: --policies: {e}")
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
           f"batch sizes {sizes}, k={cfg.proposer.k} ({', '.join(policies)}), {a.repeats} interleaved repeats, "
           f"{cfg.runtime.device} {cfg.runtime.dtype}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 
+from specdec.core.errors import ConfigurationError
 from specdec.core.policy import DECAY, Policy, StepRecord, expected_tokens
 from specdec.core.sequence import Sequence
 
@@ -103,6 +104,17 @@ def replay(steps: list[list[Round]], max_k: int, decay: float = DECAY) -> Fit:
     return Fit(decay, int(n), accepted / n, predicted / n, (se / n) ** 0.5, engine_predicted / n, (engine_se / n) ** 0.5)
 
 
+def decays_of(text: str) -> list[float]:
+    """`--decays`: comma-separated decays in (0, 1], largest first; anything else is refused by name."""
+    try:
+        decays = sorted({float(d) for d in text.split(",")}, reverse=True)
+    except ValueError:
+        raise SystemExit(f"--decays must be numbers separated by commas, got {text!r}") from None
+    if any(not 0.0 < d <= 1.0 for d in decays):
+        raise SystemExit(f"--decays must lie in (0, 1], got {text!r}")
+    return decays
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", default="ngram", help="a speculative method of the demo kit (default ngram)")
@@ -113,10 +125,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decays", default=f"{DECAY},0.95,0.8,0.6",
                     help=f"per-round decays of a sequence's counts to replay (the policy's: {DECAY})")
     args = ap.parse_args(argv)
-    decays = sorted({float(d) for d in args.decays.split(",")}, reverse=True)
-    if any(not 0.0 < d <= 1.0 for d in decays):
-        raise SystemExit(f"--decays must lie in (0, 1], got {args.decays!r}")
-    steps, max_k = record_rounds(args.method, args.batch, args.prompts, args.k, args.max_tokens)
+    decays = decays_of(args.decays)
+    for name in ("batch", "prompts", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        steps, max_k = record_rounds(args.method, args.batch, args.prompts, args.k, args.max_tokens)
+    except ConfigurationError as e:  # an unknown method, a negative k: named by the engine's check
+        raise SystemExit(f"acceptance_fit: {e}") from None
     print(f"{args.method}, batch {args.batch}, k = {args.k}, {args.prompts} prompts x {args.max_tokens} tokens; "
           "accepted draft tokens per drafted round, predicted before it")
     print("| decay | rounds | accepted | predicted (bias) | rmse | engine-wide predicted (bias) | rmse |")
