@@ -281,8 +281,8 @@ def test_metrics_count_accepted_tokens(served):
     assert metric(after, "specdec:request_success", model=model, finished_reason="length") > 0
     assert metric(after, "specdec:kv_slots", model=model) == 4
     # the sender thread's CPU for responses, which the adaptive policy charges every row's step
-    assert wait_for(lambda: metric(scrape(served), "specdec:response_seconds", model=model) >
-                    metric(before, "specdec:response_seconds", model=model))
+    for name in ("specdec:response_seconds", "specdec:responses"):
+        assert wait_for(lambda: metric(scrape(served), name, model=model) > metric(before, name, model=model)), name
     for phase in ("prefill", "draft", "forward", "verify"):  # the engine's busy time, by phase
         assert wait_for(lambda: metric(scrape(served), "specdec:engine_seconds", model=model, phase=phase) >
                         metric(before, "specdec:engine_seconds", model=model, phase=phase)), phase

@@ -29,6 +29,8 @@ FAMILIES = {
                                "schedule, policy, draft, inputs, forward, verify, compact, commit, output, other"),
     "specdec:response_seconds": ("counter", "CPU time the backend's sender thread spent building and sending "
                                  "responses (outside the engine thread)"),
+    "specdec:responses": ("counter", "Outputs the sender thread sent (one per running request and step): "
+                          "response_seconds over this is a response's cost"),
     "specdec:request_success": ("counter", "Finished requests by finished_reason (length, eos, stop, cancelled, error)"),
     "specdec:num_requests_running": ("gauge", "Requests holding a KV slot"),
     "specdec:num_requests_waiting": ("gauge", "Requests queued for a KV slot"),
@@ -49,6 +51,7 @@ ENGINE_COUNTERS = {
     "specdec:generation_tokens": "output_tokens",
     "specdec:prompt_tokens": "prefill_tokens",
     "specdec:response_seconds": "response_seconds",
+    "specdec:responses": "response_outputs",
 }
 
 
