@@ -16,7 +16,9 @@ token counts, then corrected by every real step's timing, which also brings in w
 calibration misses: inputs, verification, compaction, output; one preempted calibration timing on
 a busy machine once made 2 tokens look 3x the cost of 1, and speculation never started; where
 a count and the plain count, one token per row, both have recent steps, the count's point is set
-from the ratio of their medians, at most SHAPE_BOUND from the start-up curve) plus the
+from the ratio of their medians, each step taken at the load of the steps before it, at most
+SHAPE_BOUND from the start-up curve; where points disagree, the one whose count ran more often
+and more lately prevails) plus the
 proposer's time, (fixed + per_level * depth) * (1 + row_share * (rows - 1)), fitted online by least
 squares over the median time per depth and row count of recent proposals (medians that disagree
 with that model lowered: `consistent`; the rows' share from them once two row counts were timed),
@@ -69,8 +71,15 @@ ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide a
 # off (1.03x) where fixed k = 4 ran 1.21x the baseline
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
-SHAPE_SAMPLES = 5  # recent steps per token count whose median sets that count's point ...
-SHAPE_FRESH = 256  # ... against the plain count's median, when both are this many steps recent
+SHAPE_SAMPLES = 15  # recent steps per token count whose median sets that count's point ...
+SHAPE_FRESH = 256  # ... against the plain count's median, when both are this many steps recent ...
+SHAPE_TOLERANCE = 0.01  # ... moving a point already set only by more than this share of it. Each step
+# is taken at the load of the steps before it (`observe_verify`). Medians of 5 raw steps, kept
+# before, wandered 10-20% with 10% jitter alone, and a count timed mostly in a busy spell was set
+# at the spell's cost against the quiet plain steps after it: in a simulation with known costs
+# where fixed k = 4 is the best pick (tests/test_policy.py, `simulated_rate`), adaptive prompt
+# lookup at batch 1 kept 96.5% of its rate, 93.6% with busy spells; at 15 load-corrected steps
+# 98.7% and 98.2%
 SHAPE_BOUND = 2.0  # real steps may move a point of the curve this far from the start-up curve, either way
 # (corrections seen: 1.26-1.4x). Medians of 5 steps on a machine whose steps jump between 1.2 and
 # 5 ms (preempted) set 2-5 tokens at 4-5x a plain step where their medians over the run were
@@ -87,7 +96,8 @@ PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one ca
 # deeper costs a few percent of one step in sixteen. While the batch drafts, every other probe runs
 # it plain instead, an anchor: the curve's points are set against plain steps (`observe_shape`),
 # and a batch drafting at every step never measured one; at batch 8 the draft model's curve put
-# 8 x 2 tokens at 1.17x a plain step where they ran 1.47x, and it drafted at a loss (0.87x).
+# 8 x 2 tokens at 1.17x a plain step where they ran 1.47x, and it drafted at a loss (0.87x). (Not
+# where plain steps come anyway, `CostModel.plain_lately`.)
 MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe that finds it
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
@@ -178,6 +188,7 @@ class CostModel:
     table: tuple[list[float], list[float]] = field(default=([], []), repr=False)
     # token count -> recent (step number, seconds) of real steps at it
     recent: dict[int, deque] = field(default_factory=dict, repr=False)
+    fresh_until: float = float("inf")  # the step after which a point of the curve as read goes stale (`fresh_weights`)
     steps: int = 0
 
     def __post_init__(self) -> None:
@@ -291,50 +302,93 @@ class CostModel:
         self.output_per_row = x if not self.output_per_row else self.output_per_row + OUTPUT_RATE * (x - self.output_per_row)
 
     def observe_verify(self, n: int, seconds: float, plain: int = 0) -> None:
-        """Move the load towards a measured step (and the curve's shape, `observe_shape`: `plain`
-        tokens is a step of one token per row; 0: unknown); after a step at another count, also move the
-        curve's points around n towards what the load does not explain (ratios clipped to 0.5-2x).
-        Steps at one count cannot tell a busy machine from a wrong curve: they move the load only."""
-        i = bisect_left(self.token_counts, n)
-        if i < len(self.token_counts) and self.token_counts[i] == n:
-            points = [i]
-        else:
-            points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
+        """Move the load towards a measured step and the curve's shape (`observe_shape`, the step
+        at the load before it: `plain` tokens is a step of one token per row; 0: unknown); where
+        that did not set n's point, after a step at another count, also move the curve's points
+        around n towards what the load does not explain (ratios clipped to 0.5-2x). Steps at one
+        count cannot tell a busy machine from a wrong curve: they move the load only."""
+        at_load = seconds / self.load  # the step at the load of the steps before it
         self.load *= 1 + LOAD_RATE * (min(max(seconds / self.verify(n), 0.5), 2.0) - 1)
         # a contrast: only a step at another count than the last tells shape from load; the plain
         # count (one token per row) is the anchor `observe_shape` measures the others against
-        if self.last_n and n != self.last_n and n != plain:
+        if not self.observe_shape(n, at_load, plain) and self.last_n and n != self.last_n and n != plain:
+            i = bisect_left(self.token_counts, n)
+            if i < len(self.token_counts) and self.token_counts[i] == n:
+                points = [i]
+            else:
+                points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
             ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
             for j in points:
                 self.seconds[j] = self.bounded(self.token_counts[j], self.seconds[j] * (1 + VERIFY_RATE * (ratio - 1)))
             self.curve.clear()
         self.last_n = n
-        self.observe_shape(n, seconds, plain)
 
-    def observe_shape(self, n: int, seconds: float, plain: int) -> None:
-        """Set the curve's point at n from real steps: the median of the recent steps at n over
-        the median of the recent plain steps (`plain` tokens: one per row), times the plain
-        point. Contrasts alone (above) move the shape 10% at a time against a load that tracks
-        whichever count runs, and with switches as rare as probes it did not converge: EAGLE's
-        curve said a 5-token step cost 1.49x a plain one where its steps showed 2.09x."""
+    def observe_shape(self, n: int, seconds: float, plain: int) -> bool:
+        """Set the curve's point at n from real steps (`seconds`: this one's, at the load of the
+        steps before it): the median of the recent steps at n over the median of the recent plain
+        steps (`plain` tokens: one per row), times the plain point. True when it set the point (a
+        contrast at n would be overwritten by the next one). Contrasts alone (above) move the shape
+        10% at a time against a load that tracks whichever count runs, and with switches as rare as
+        probes it did not converge: EAGLE's curve said a 5-token step cost 1.49x a plain one where
+        its steps showed 2.09x. The curve's lookups are made again only where a point moved by
+        more than SHAPE_TOLERANCE or a point went stale (`fresh_weights`): made again whenever a
+        median moved, they were made in 84% of prompt lookup's steps at batch 1 (now 30-50%)."""
         self.steps += 1
         self.recent.setdefault(n, deque(maxlen=SHAPE_SAMPLES)).append((self.steps, seconds))
+        if self.steps > self.fresh_until:
+            self.curve.clear()
         if n == plain or plain not in self.recent:
-            return
+            return False
         fresh = self.steps - SHAPE_FRESH
         at_n, at_plain = self.recent[n], self.recent[plain]
         if len(at_n) < SHAPE_SAMPLES or len(at_plain) < SHAPE_SAMPLES or min(at_n[0][0], at_plain[0][0]) < fresh:
-            return
+            return False
         ratio = statistics.median(t for _, t in at_n) / statistics.median(t for _, t in at_plain)
         point = self.bounded(n, self.verify_at_calibration(plain) * ratio)
         i = bisect_left(self.token_counts, n)
         if i < len(self.token_counts) and self.token_counts[i] == n:
+            if abs(point / self.seconds[i] - 1.0) <= SHAPE_TOLERANCE and n in self.measured:
+                return True
             self.seconds[i] = point
         else:
             self.token_counts.insert(i, n)
             self.seconds.insert(i, point)
         self.measured.add(n)
         self.curve.clear()
+        return True
+
+    def fresh_weights(self) -> list[float]:
+        """Each point's weight in the curve as read (`rising`): for a point real steps set, how
+        often its count ran lately (SHAPE_SAMPLES over the steps since the oldest of its recent
+        ones), so where two points disagree the one timed more often and more recently prevails;
+        next to nothing for start-up points and points no step refreshed within SHAPE_FRESH. Each
+        measured point weighed 1 before: at batch 1, prompt lookup's 3- and 4-token steps (short
+        matches) are rare, five of them timed in a busy spell set those points at 1.9-2.2x a plain
+        step where the 5-token steps of every other round read 1.6x, the curve pooled all three
+        at 1.75-3.2x, and the policy, pricing deep drafts that high, drafted 1-2 tokens in 45% of
+        a run's steps. Also sets when the next point goes stale (`fresh_until`)."""
+        fresh = self.steps - SHAPE_FRESH
+        weights, self.fresh_until = [], float("inf")
+        for c in self.token_counts:
+            if c not in self.measured:
+                weights.append(1e-9)
+            elif c not in self.recent:  # set without steps (`measured` given): no age to weigh by
+                weights.append(1.0)
+            elif (oldest := self.recent[c][0][0]) < fresh:
+                weights.append(1e-9)
+            else:
+                weights.append(SHAPE_SAMPLES / (self.steps - oldest + 1))
+                self.fresh_until = min(self.fresh_until, oldest + SHAPE_FRESH)
+        return weights
+
+    def plain_lately(self, plain: int, within: int) -> bool:
+        """Has a plain step (`plain` tokens: one per row) come within the last `within` steps, with
+        SHAPE_SAMPLES of them recent? Then `observe_shape` has its anchor without the policy's: a
+        prompt-lookup row whose suffix matched nothing earlier ran a quarter of its steps plain (at
+        batch 1, fixed k = 4), and an anchor every 2 * PROBE_EVERY steps cost it 3% of its steps as
+        plain ones besides."""
+        at_plain = self.recent.get(plain)
+        return at_plain is not None and len(at_plain) == SHAPE_SAMPLES and at_plain[-1][0] > self.steps - within
 
     def verify(self, n: int) -> float:
         return self.load * self.verify_at_calibration(n)
@@ -343,7 +397,7 @@ class CostModel:
         seconds = self.curve.get(n)
         if seconds is None:
             if not self.curve:  # the points moved since the last lookup
-                self.rising_seconds = rising(self.seconds, [1.0 if c in self.measured else 1e-9 for c in self.token_counts])
+                self.rising_seconds = rising(self.seconds, self.fresh_weights())
             seconds = self.curve[n] = interpolate(self.token_counts, self.rising_seconds, n)
         return seconds
 
@@ -564,7 +618,9 @@ class Policy:
             self.probe_gap = PROBE_EVERY if drafting else max(min(2 * self.probe_gap, MAX_PROBE_GAP), self.budget_gap())
             self.next_probe = self.steps + self.probe_gap
             self.probes += 1
-            if drafting and self.probes % 2 == 0:  # an anchor
+            if drafting and self.probes % 2 == 0:  # an anchor, unless plain steps came anyway
+                if self.cost.plain_lately(len(seqs), 2 * PROBE_EVERY):
+                    return drafting_ks(caps, pinned, k, drafting)
                 return drafting_ks(caps, pinned, 0, set())
             # at least 2 tokens deep: a probe of one measures neither beta nor how the proposal's
             # cost grows with depth, and a batch off since its start (k = 0) probed only 1 deep
