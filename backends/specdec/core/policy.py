@@ -72,14 +72,17 @@ ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide a
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
 SHAPE_SAMPLES = 15  # recent steps per token count whose median sets that count's point ...
-SHAPE_FRESH = 256  # ... against the plain count's median, when both are this many steps recent ...
+SHAPE_FRESH = 512  # ... against the plain count's median, when both are this many steps recent
+# (a batch drafting every step has plain steps only from its anchors, one in 2 * PROBE_EVERY: the
+# window must hold SHAPE_SAMPLES of them; at 256 with 15 samples it held 8, and such a batch's
+# curve was never set by its steps) ...
 SHAPE_TOLERANCE = 0.01  # ... moving a point already set only by more than this share of it. Each step
 # is taken at the load of the steps before it (`observe_verify`). Medians of 5 raw steps, kept
 # before, wandered 10-20% with 10% jitter alone, and a count timed mostly in a busy spell was set
 # at the spell's cost against the quiet plain steps after it: in a simulation with known costs
 # where fixed k = 4 is the best pick (tests/test_policy.py, `simulated_rate`), adaptive prompt
 # lookup at batch 1 kept 96.5% of its rate, 93.6% with busy spells; at 15 load-corrected steps
-# 98.7% and 98.2%
+# 99.0% and 97.7%
 SHAPE_BOUND = 2.0  # real steps may move a point of the curve this far from the start-up curve, either way
 # (corrections seen: 1.26-1.4x). Medians of 5 steps on a machine whose steps jump between 1.2 and
 # 5 ms (preempted) set 2-5 tokens at 4-5x a plain step where their medians over the run were
