@@ -298,9 +298,6 @@ def test_dead_tritonserver_is_restarted(stub_killed):
     assert time.monotonic() - t0 < 120
 
 
-# ---- shutdown ---------------------------------------------------------------------------------------
-# Each of these servers starts on the ports the previous one just left: a restart right after a stop
-# must not be refused.
 def test_a_tritonserver_killed_while_a_model_reloads_is_restarted_at_once(repo, tmp_path):
     """A stub dies, the watchdog reloads its model, and tritonserver is killed during that load.
     The load request stayed open (the stub it had started inherited the connection and lived on),
@@ -321,6 +318,9 @@ def test_a_tritonserver_killed_while_a_model_reloads_is_restarted_at_once(repo, 
         serve.close()
 
 
+# ---- shutdown ---------------------------------------------------------------------------------------
+# Each of these servers starts on the ports the previous one just left: a restart right after a stop
+# must not be refused.
 PORTS = [free_port() for _ in range(3)]
 
 
