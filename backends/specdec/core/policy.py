@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from math import ceil
@@ -159,6 +159,41 @@ def expected_tokens(alpha: float, depth: int, beta: float | None = None) -> floa
 
 
 @dataclass
+class RecentSteps:
+    """The last SHAPE_SAMPLES steps at one token count: their step numbers, and their seconds also
+    kept sorted, so that `median` is a lookup. `observe_shape` reads two counts' medians every
+    step: `statistics.median` sorted 15 samples twice a step, 2 of prompt lookup's 9 us of
+    observation a step at batch 1."""
+
+    numbers: deque = field(default_factory=lambda: deque(maxlen=SHAPE_SAMPLES))
+    seconds: deque = field(default_factory=lambda: deque(maxlen=SHAPE_SAMPLES))
+    ordered: list[float] = field(default_factory=list)
+
+    def add(self, number: int, seconds: float) -> None:
+        if len(self.seconds) == self.seconds.maxlen:
+            del self.ordered[bisect_left(self.ordered, self.seconds[0])]
+        self.numbers.append(number)
+        self.seconds.append(seconds)
+        insort(self.ordered, seconds)
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    @property
+    def oldest(self) -> int:
+        return self.numbers[0]
+
+    @property
+    def newest(self) -> int:
+        return self.numbers[-1]
+
+    def median(self) -> float:
+        """`statistics.median` of the seconds."""
+        ordered, i = self.ordered, len(self.ordered) // 2
+        return ordered[i] if len(ordered) % 2 else (ordered[i - 1] + ordered[i]) / 2
+
+
+@dataclass
 class CostModel:
     """Seconds for a step's target side over n tokens (interpolated) and for a proposal of some depth.
 
@@ -189,8 +224,7 @@ class CostModel:
     rising_seconds: list[float] = field(default_factory=list, repr=False)  # `rising(...)` of the points, made with `curve`
     table_key: tuple = field(default=(), repr=False)  # what `proposal_table` was made for
     table: tuple[list[float], list[float]] = field(default=([], []), repr=False)
-    # token count -> recent (step number, seconds) of real steps at it
-    recent: dict[int, deque] = field(default_factory=dict, repr=False)
+    recent: dict[int, RecentSteps] = field(default_factory=dict, repr=False)  # token count -> real steps at it
     fresh_until: float = float("inf")  # the step after which a point of the curve as read goes stale (`fresh_weights`)
     steps: int = 0
 
@@ -337,16 +371,19 @@ class CostModel:
         more than SHAPE_TOLERANCE or a point went stale (`fresh_weights`): made again whenever a
         median moved, they were made in 84% of prompt lookup's steps at batch 1 (now 30-50%)."""
         self.steps += 1
-        self.recent.setdefault(n, deque(maxlen=SHAPE_SAMPLES)).append((self.steps, seconds))
+        at_n = self.recent.get(n)
+        if at_n is None:
+            at_n = self.recent[n] = RecentSteps()
+        at_n.add(self.steps, seconds)
         if self.steps > self.fresh_until:
             self.curve.clear()
         if n == plain or plain not in self.recent:
             return False
         fresh = self.steps - SHAPE_FRESH
-        at_n, at_plain = self.recent[n], self.recent[plain]
-        if len(at_n) < SHAPE_SAMPLES or len(at_plain) < SHAPE_SAMPLES or min(at_n[0][0], at_plain[0][0]) < fresh:
+        at_plain = self.recent[plain]
+        if len(at_n) < SHAPE_SAMPLES or len(at_plain) < SHAPE_SAMPLES or min(at_n.oldest, at_plain.oldest) < fresh:
             return False
-        ratio = statistics.median(t for _, t in at_n) / statistics.median(t for _, t in at_plain)
+        ratio = at_n.median() / at_plain.median()
         point = self.bounded(n, self.verify_at_calibration(plain) * ratio)
         i = bisect_left(self.token_counts, n)
         if i < len(self.token_counts) and self.token_counts[i] == n:
@@ -377,7 +414,7 @@ class CostModel:
                 weights.append(1e-9)
             elif c not in self.recent:  # set without steps (`measured` given): no age to weigh by
                 weights.append(1.0)
-            elif (oldest := self.recent[c][0][0]) < fresh:
+            elif (oldest := self.recent[c].oldest) < fresh:
                 weights.append(1e-9)
             else:
                 weights.append(SHAPE_SAMPLES / (self.steps - oldest + 1))
@@ -391,7 +428,7 @@ class CostModel:
         batch 1, fixed k = 4), and an anchor every 2 * PROBE_EVERY steps cost it 3% of its steps as
         plain ones besides."""
         at_plain = self.recent.get(plain)
-        return at_plain is not None and len(at_plain) == SHAPE_SAMPLES and at_plain[-1][0] > self.steps - within
+        return at_plain is not None and len(at_plain) == SHAPE_SAMPLES and at_plain.newest > self.steps - within
 
     def verify(self, n: int) -> float:
         return self.load * self.verify_at_calibration(n)
@@ -599,8 +636,9 @@ class Policy:
         if paused and self.steps < self.next_probe:  # the same batch, nothing it reads has moved
             return self.paused_ks.copy()
         caps = [self.cap(s) for s in seqs]
-        alphas = [self.acceptance(s) for s in seqs]
-        betas = [self.later_acceptance(s) for s in seqs]
+        states = [self.slots[slot] for slot in batch]
+        alphas = [st.acceptance for st in states]
+        betas = [st.later for st in states]
         pinned = [is_pinned(s) for s in seqs]
         if paused:
             k, drafting = 0, set()
@@ -710,19 +748,24 @@ class Policy:
         n = len(caps)
         charges = charges or [0.0] * n
         cost, depth_of = self.cost, self.depth_of
-        held = [i for i, p in enumerate(pinned) if p and caps[i]]  # pinned sequences draft their cap
-        fixed_rows = len(held)
-        fixed_extra = sum(caps[i] for i in held)
-        fixed_tokens = n - fixed_rows + sum(expected_tokens(alphas[i], depth_of[caps[i]], betas[i]) for i in held)
-        fixed_depth = max((depth_of[caps[i]] for i in held), default=0)
-        order = sorted((i for i, p in enumerate(pinned) if not p and alphas[i] >= COLLAPSE_ALPHA and caps[i]),
-                       key=lambda i: -alphas[i])
+        if any(pinned):  # pinned sequences draft their cap
+            held = [i for i, p in enumerate(pinned) if p and caps[i]]
+            fixed_rows = len(held)
+            fixed_extra = sum(caps[i] for i in held)
+            fixed_tokens = n - fixed_rows + sum(expected_tokens(alphas[i], depth_of[caps[i]], betas[i]) for i in held)
+            fixed_depth = max((depth_of[caps[i]] for i in held), default=0)
+            free = [i for i, p in enumerate(pinned) if not p]
+        else:
+            fixed_rows = fixed_extra = fixed_depth = 0
+            fixed_tokens, free = n, range(n)
+        order = sorted([i for i in free if alphas[i] >= COLLAPSE_ALPHA and caps[i]], key=alphas.__getitem__, reverse=True)
         # this runs every step, a few dozen rates at batch 8, so each lookup is cheap: rates are
         # only compared with each other, so costs stay in calibration units (the load factor
         # scales them all alike), and the curve's points and the proposal costs are memoized
-        # between steps
+        # between steps (the curve's dict read here first: a method call per rate was a fifth of
+        # the search at batch 1)
         draft_s, rows_factor = cost.proposal_table(depth_of[-1], n)
-        verify = cost.verify_at_calibration
+        verify, curve = cost.verify_at_calibration, cost.curve
         output = cost.output_per_row * n  # every row's response, whatever the step commits
         best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + output)
         best_k = best_m = 0
@@ -736,7 +779,10 @@ class Policy:
                 catch_up += charges[i]
                 if d > depth:
                     depth = d
-                r = tokens / (verify(n + extra) + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up + output)
+                v = curve.get(n + extra)
+                if v is None:
+                    v = verify(n + extra)
+                r = tokens / (v + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up + output)
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])
@@ -763,8 +809,8 @@ class Policy:
 
     def observe_proposal(self, step: StepRecord) -> None:
         """A step that drafted: what its probe cost, a search due, and the proposal's time."""
-        drafted = [s for s, k in zip(step.seqs, step.ks) if k > 0 and s.slot in self.slots]
-        if self.probing_off and self.cost is not None and drafted:  # a probe while speculation was off
+        drafted = [s for s, k in zip(step.seqs, step.ks) if k > 0 and s.slot in self.slots] if self.probing_off else []
+        if drafted and self.cost is not None:  # a probe while speculation was off
             # what probing every row would have cost (a narrow probe drafted one), spread over the
             # steps since the last probe: while speculation stays off, all of it is overhead
             budget = PROBE_BUDGET * self.cost.verify(len(step.seqs))  # per step covered
