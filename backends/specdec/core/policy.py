@@ -65,10 +65,14 @@ DECAY = 0.7  # per round, on a sequence's counts (also in rounds without a draft
 # drafted for subsets of their rows and trailed fixed k = 4 (draft model 1.12x against 1.29x, prompt
 # lookup 0.95x against 1.21x; 1.24x and 1.12x at 0.7, one interleaved run)
 ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide acceptance's
-# counts (the last ~13 rounds weigh, with the prior's PRIOR_TRIALS). An EMA of per-round samples
-# with this weight, kept before, started at PRIOR_ALPHA with the weight of 13 rounds: a paused
-# draft model probed once in 16-128 steps at batch 1 moved it 7.5% a probe, and adaptive stayed
-# off (1.03x) where fixed k = 4 ran 1.21x the baseline
+# counts (the last ~13 rounds weigh) and on its start-up prior's PRIOR_TRIALS at PRIOR_ALPHA. An
+# EMA of per-round samples with this weight, kept before, started at PRIOR_ALPHA with the weight of
+# 13 rounds: a paused draft model probed once in 16-128 steps at batch 1 moved it 7.5% a probe,
+# and adaptive stayed off (1.03x) where fixed k = 4 ran 1.21x the baseline. A prior that kept its
+# weight beside counts capped at ~13 rounds kept 13% of it for good: replayed (`tools.acceptance_fit`),
+# the engine-wide estimate predicted 6.4-9.0% too few accepted tokens per round (draft model, prompt
+# lookup, EAGLE; batch 1 and 8), each sequence's, drawn towards it, 1.4-5.5% too few; decaying
+# with the counts, -1.9% to +0.5% and +1.0% to -3.2%
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
 SHAPE_SAMPLES = 15  # recent steps per token count whose median sets that count's point ...
@@ -528,9 +532,9 @@ def drafting_ks(caps: list[int], pinned: list[bool], k: int, rows: set[int]) -> 
     return [c if p else min(k, c) if i in rows else 0 for i, (c, p) in enumerate(zip(caps, pinned))]
 
 
-def estimate(accepted: float, rejected: float, prior: float) -> float:
-    """An acceptance from (decayed) counts of trials, with PRIOR_TRIALS pseudo-trials at `prior`."""
-    return (accepted + PRIOR_TRIALS * prior) / (accepted + rejected + PRIOR_TRIALS)
+def estimate(accepted: float, rejected: float, prior: float, trials: float = PRIOR_TRIALS) -> float:
+    """An acceptance from (decayed) counts of trials, with `trials` pseudo-trials at `prior`."""
+    return (accepted + trials * prior) / (accepted + rejected + trials)
 
 
 @dataclass
@@ -586,6 +590,7 @@ class Policy:
         self.steady = self.depth_of[-1] + 1  # what a drafting sequence's proposal feeds: accepted + bonus
         self.cost: CostModel | None = None
         self.engine = SlotState(PRIOR_ALPHA, PRIOR_ALPHA)  # engine-wide acceptances over recent rounds (ENGINE_DECAY)
+        self.engine_prior = PRIOR_TRIALS  # the weight of PRIOR_ALPHA in them, decaying with their counts
         self.steps = 0
         self.probe_gap = self.next_probe = PROBE_EVERY
         self.probes = 0
@@ -832,8 +837,11 @@ class Policy:
         if depth_drafted > 0:
             engine = self.engine
             engine.count(ENGINE_DECAY, depth_drafted, accepted)
-            engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA)
-            engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA)
+            # floored: after ~9000 rounds it would underflow to 0, and beta's estimate, where no
+            # round drafted past one token, to 0 / 0
+            self.engine_prior = max(self.engine_prior * ENGINE_DECAY, 1e-3 * PRIOR_TRIALS)
+            engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA, self.engine_prior)
+            engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA, self.engine_prior)
         state.acceptance = estimate(state.accepted_n, state.rejected_n, self.alpha)
         state.later = estimate(state.later_accepted_n, state.later_rejected_n, self.beta)
 
