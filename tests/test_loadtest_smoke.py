@@ -279,6 +279,34 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
     assert served == len(samples), (served, len(samples))
 
 
+def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(served, tmp_path):
+    """A request whose model stops answering mid-stream (its stub stopped with SIGSTOP, 1.5 s into
+    a run of back-to-back 400-token requests) is given up after --request-timeout with a sample
+    that says so, and Locust still ends at its run time. Before, the user dropped the stream's
+    client, whose `__del__` closed it without cancelling: it waited for responses that never came,
+    and Locust's exit waited for its reader (the distributed canary test's worker, killed after
+    30 s, in 3 of 15 runs, when the canary's BLS calls deadlocked: `bls.exec`)."""
+    [stub] = noise.model_stubs(noise.server_pid(served.grpc_url), "baseline")
+    out = tmp_path / "samples.jsonl"
+    prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n"])
+    stopper = threading.Timer(1.5, os.kill, (stub, signal.SIGSTOP))
+    stopper.start()
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
+             "GrpcStreamUser", "--headless", "-u", "1", "-r", "1", "--run-time", "8s", "--host", f"http://{served.http_url}",
+             "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--prompts-file", str(prompts),
+             "--request-timeout", "3", "--samples-out", str(out)],
+            capture_output=True, text=True, timeout=60, env=_locust_env())
+        took = time.monotonic() - t0
+    finally:
+        stopper.cancel()
+        os.kill(stub, signal.SIGCONT)
+    errors = [s["error"] for s in stats.load_samples(out)]
+    assert took < 30 and "no response within 3 s" in errors, (took, errors, proc.stdout[-2000:], proc.stderr[-2000:])
+
+
 def test_a_stopped_server_unloads_the_canary_loaded_after_it_started(served, tmp_path):
     """`TritonServer.stop` unloads every model before its SIGINT, also a canary router loaded
     through the repository API after the start (before, it stayed loaded: the unload wait ran to

@@ -487,20 +487,27 @@ class GrpcStreamUser(_StreamingUser):
 
         url = self.state.options.grpc_url or _grpc_from_host(self.host)
         self.client = grpcclient.InferenceServerClient(url)
+        # each stream's callbacks go to its own queue: a stream given up (`abandon`) still calls
+        # back, with its cancellation, and must not answer the next stream's request
+        self.responses = responses = Queue()
         self.client.start_stream(callback=lambda result=None, error=None:
-                                 self.responses.put((time.perf_counter(), result, error)))
+                                 responses.put((time.perf_counter(), result, error)))
 
     def reset(self) -> None:
         self.on_stop()
 
     def on_stop(self) -> None:
         if self.client is not None:
-            try:
-                self.client.stop_stream(cancel_requests=True)
-                self.client.close()
-            except Exception:
-                pass
-            self.client = None
+            client, self.client = self.client, None
+            _close(client)
+
+    def abandon(self) -> None:
+        """Give the stream up: its requests are cancelled and it is closed in a greenlet of its own,
+        and the next request starts a fresh one. Only dropped, the client was closed by tritonclient's
+        `__del__` without cancelling, which waits for every response of the stream: where one never
+        came (the canary's BLS calls deadlocked), the user hung there, and Locust's exit with it."""
+        client, self.client = self.client, None
+        gevent.spawn(_close, client)
 
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
         from tritonclient.utils import InferenceServerException
@@ -523,9 +530,7 @@ class GrpcStreamUser(_StreamingUser):
                     continue
                 sample.error = (f"no response by the end of trial {sample.trial}'s drain" if given_up else
                                 f"no response within {timeout:.0f} s")
-                # the stream is in an unknown state: leave it (closing it can hang on its reader
-                # thread) and start a fresh one next time
-                self.client, self.responses = None, Queue()
+                self.abandon()
                 return
             if error is not None:
                 msg = error.message() if isinstance(error, InferenceServerException) else str(error)
@@ -582,6 +587,15 @@ class HttpSseUser(_StreamingUser):
                 sample.error = f"HTTP {r.status_code}: {r.text[:200]}"
             elif not sample.chunks and sample.error is None:
                 sample.error = "the stream ended without a response"
+
+
+def _close(client) -> None:
+    """Cancel a tritonclient stream's requests, then close it and its channel."""
+    try:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    except Exception:
+        pass
 
 
 def _grpc_from_host(host: str | None) -> str:
