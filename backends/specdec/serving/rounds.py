@@ -37,7 +37,7 @@ from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.policy import Policy
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
-from specdec.serving.bls import KeepAlive
+from specdec.serving.bls import BlsCalls
 
 INNER_OUTPUTS = ["output_ids", "sequence_length"]
 SCHEDULER_TICK_S = 0.05  # queue timeouts and cancelled queued requests are noticed within this
@@ -53,20 +53,21 @@ class InnerClient(Protocol):
 
 
 class BlsClient:
-    """Inner calls through Triton's BLS from worker threads (allowed in a decoupled model); every
-    request and response generator is held for a while after use (`bls.KeepAlive`: the stub
-    crashed, and once crossed two calls' responses, when they were freed at once)."""
+    """Inner calls through Triton's BLS from worker threads (allowed in a decoupled model), made
+    by `bls.BlsCalls`: every request and response generator is held for a while after use (the
+    stub crashed, and once crossed two calls' responses, when they were freed at once). `exec`
+    from threads deadlocked the canary router's stub every few thousand requests (`serving.bls`);
+    whether it does here is not known."""
 
     def __init__(self, pb_utils) -> None:
         self.pb = pb_utils
-        self.kept = KeepAlive()
+        self.calls = BlsCalls()
 
     def generate(self, model: str, inputs: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         pb = self.pb
         request = pb.InferenceRequest(model_name=model, requested_output_names=INNER_OUTPUTS,
                                       inputs=[pb.Tensor(name, value) for name, value in inputs.items()])
-        responses = request.exec(decoupled=True)
-        self.kept.hold(request, responses, inputs)
+        responses = self.calls.exec(request, inputs)
         complete = False
         try:
             for response in responses:

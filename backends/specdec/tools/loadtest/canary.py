@@ -4,8 +4,9 @@ report compares them side by side. Clients keep calling one model name (`canary`
 
 `write_canary_model(repo, ...)` writes `<repo>/<name>/config.pbtxt` (the standard Python backend,
 the specdec request/response tensors plus a `served_model` output naming where each request went)
-and `1/model.py` (imports `TritonPythonModel` from here). The router is a decoupled BLS model: each
-request is forwarded with `InferenceRequest(...).exec(decoupled=True)` on its own thread and every
+and `1/model.py` (imports `TritonPythonModel` from here). The router is a decoupled BLS model with a
+coroutine `execute`: each request is forwarded with `await InferenceRequest(...).async_exec(decoupled=True)`
+on the stub's event loop, its responses read on worker threads (`serving.bls`), and every
 response is passed through unchanged (one response held back so the last one carries the final
 flag: `/generate` still sees exactly one response). Routing is deterministic: request n goes to the
 candidate when floor((n + 1) * share) > floor(n * share), so any window of requests holds the share.
@@ -16,13 +17,13 @@ candidate when floor((n + 1) * share) > floor(n * share), so any window of reque
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
-import threading
 from pathlib import Path
 
-from specdec.serving.bls import KeepAlive
+from specdec.serving.bls import BlsCalls
 
 ENTRY = "from specdec.tools.loadtest.canary import TritonPythonModel  # noqa: F401\n"
 
@@ -60,24 +61,26 @@ class TritonPythonModel:
         self.baseline, self.candidate = params["baseline"], params["candidate"]
         self.share = float(params.get("share", "0"))
         self.outputs = [o["name"] for o in config["output"] if o["name"] != "served_model"]
-        self.count = 0
-        self.lock = threading.Lock()
-        self.kept = KeepAlive()  # (see specdec.serving.bls: the stub died with its calls freed at once)
+        self.count = 0  # requests routed (`execute` runs on the stub's one event loop)
+        self.calls = BlsCalls()  # (specdec.serving.bls: why async, why calls are held after use)
         self.family = pb_utils.MetricFamily(name="specdec:canary_requests", description="Requests routed by the canary",
                                             kind=pb_utils.MetricFamily.COUNTER)
         self.counters = {m: self.family.Metric(labels={"model": args["model_name"], "routed_to": m})
                          for m in (self.baseline, self.candidate)}
 
-    def execute(self, requests):
+    async def execute(self, requests):
+        """Route and forward each request; Triton runs a decoupled model's coroutine in the
+        background, so the next requests come in while these stream."""
+        forwards = []
         for request in requests:
-            with self.lock:
-                n, self.count = self.count, self.count + 1
+            n, self.count = self.count, self.count + 1
             target = self.candidate if routes_to_candidate(n, self.share) else self.baseline
             self.counters[target].increment(1)
-            threading.Thread(target=self._forward, args=(request, target), daemon=True).start()
+            forwards.append(self._forward(request, target))
+        await asyncio.gather(*forwards)
         return None
 
-    def _forward(self, request, target: str) -> None:
+    async def _forward(self, request, target: str) -> None:
         pb = self.pb
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -86,9 +89,7 @@ class TritonPythonModel:
                                         requested_output_names=self.outputs,
                                         parameters=json.loads(request.parameters() or "{}"))
             held = None
-            responses = inner.exec(decoupled=True)
-            self.kept.hold(inner, responses)
-            for response in responses:
+            async for response in self.calls.async_exec(inner):
                 if response.has_error():
                     sender.send(pb.InferenceResponse(error=pb.TritonError(response.error().message())), flags=final)
                     return
