@@ -385,6 +385,7 @@ def test_canary_model_config(tmp_path):
     assert 'backend: "python"' in text and "decoupled: true" in text
     assert 'name: "served_model"' in text and 'name: "text_input"' in text
     assert 'key: "candidate" value: { string_value: "spec_medusa" }' in text
+    assert 'key: "grpc_url" value: { string_value: "localhost:8001" }' in text  # Triton's default address
     assert "specdec.tools.loadtest.canary" in (folder / "1" / "model.py").read_text()
     assert sum(routes_to_candidate(n, 0.3) for n in range(1000)) == 300
     with pytest.raises(ValueError):
