@@ -16,7 +16,10 @@ Triton 2.51's Python stub under them.
   2 in 50140, but `exec` waits for the call's first response, so a lock serializes the inner
   calls (docs/gpu.md); `async_exec` from a coroutine `execute`, 1 in 111670 there, yet it stalled
   in 3 of 9 runs of the distributed canary test. The router now forwards over gRPC
-  (`tools/loadtest/canary.py`). Whether the orchestrator's calls deadlock is not measured.
+  (`tools/loadtest/canary.py`). The orchestrator's did not here: a /tmp script, 4 closed-loop
+  gRPC streams of 16-token requests to `spec_draft` over the CPU contract models, ran 7988
+  requests (each a few rounds of a draft and a target call) in 180 s without a stall. Why one
+  pattern deadlocks and the other not is not known.
 
 Neither root cause, in python_backend, is confirmed.
 """
