@@ -22,6 +22,7 @@ from specdec.serving.interface import INPUTS
 from specdec.serving.trtllm_llmapi import TYPES as LLMAPI_TYPES
 from specdec.serving.trtllm_llmapi import llmapi_body
 
+DEFAULT_GRPC_URL = "localhost:8001"  # Triton's default gRPC address
 NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64,
             "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
 
@@ -157,6 +158,16 @@ def _stream_grpc(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s:
         client.close()
 
 
+def close_stream(client) -> None:
+    """Cancel a tritonclient gRPC client's stream and its requests, then close the client and its
+    channel; errors are ignored (a stream being given up may be in any state)."""
+    try:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    except Exception:
+        pass
+
+
 def _stream_http(url: str, model: str, inputs: dict[str, np.ndarray], timeout_s: float) -> Iterator[Chunk]:
     import requests
 
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of text lines")
     args = ap.parse_args(argv)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    url = args.url or ("localhost:8001" if args.protocol == "grpc" else "localhost:8000")
+    url = args.url or (DEFAULT_GRPC_URL if args.protocol == "grpc" else "localhost:8000")
     if args.seed is not None and args.seed < 0:
         print("error: --seed must be >= 0", file=sys.stderr)
         return 2

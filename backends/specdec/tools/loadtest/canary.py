@@ -14,6 +14,8 @@ candidate when floor((n + 1) * share) > floor(n * share), so any window of reque
 Why gRPC and not BLS: forwarded with `InferenceRequest.exec(decoupled=True)` from threads, the
 router's calls deadlocked Triton 2.51's Python stub (`serving/bls.py`): the distributed canary test
 failed in 3 of 15 runs, and `async_exec` from a coroutine `execute` in 3 of 9.
+
+    specdec loadtest canary --model-repository model_repository --candidate spec_eagle --share 0.2
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ import sys
 import threading
 from pathlib import Path
 
+from specdec.serving.client import DEFAULT_GRPC_URL, close_stream, grpc_tensors
+
 ENTRY = "from specdec.tools.loadtest.canary import TritonPythonModel  # noqa: F401\n"
 
 
 def routes_to_candidate(n: int, share: float) -> bool:
     return math.floor((n + 1) * share) > math.floor(n * share)
-
-
-DEFAULT_GRPC_URL = "localhost:8001"  # Triton's default gRPC address: where the router finds its models
 
 
 def write_canary_model(repo: str | Path, baseline: str = "baseline", candidate: str = "spec_eagle",
@@ -66,11 +67,7 @@ class _Stream:
         self.client.start_stream(callback=lambda result=None, error=None: self.responses.put((result, error)))
 
     def close(self) -> None:
-        try:
-            self.client.stop_stream(cancel_requests=True)
-            self.client.close()
-        except Exception:
-            pass
+        close_stream(self.client)
 
 
 class TritonPythonModel:
@@ -102,8 +99,6 @@ class TritonPythonModel:
         return None
 
     def _forward(self, request, target: str) -> None:
-        from specdec.serving.client import grpc_tensors
-
         pb = self.pb
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL

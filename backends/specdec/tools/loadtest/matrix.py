@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.paths import GUARDRAILS, PACKAGE_ROOT, REPORTS
+from specdec.serving.client import DEFAULT_GRPC_URL
 from specdec.tools.loadtest import stats
 from specdec.tools.loadtest.intervals import mean_interval, paired_ratio
 from specdec.tools.loadtest.noise import server_pid
@@ -52,7 +53,7 @@ class MatrixConfig:
     # but the baseline, which opened it, ran 10-25% slow in its first two rounds)
     warmup_rounds: int = 1
     protocol: str = "grpc"
-    grpc_url: str = "localhost:8001"
+    grpc_url: str = DEFAULT_GRPC_URL
     http_url: str = "localhost:8000"
     metrics_url: str = "http://localhost:8002/metrics"
     baseline: str = "baseline"
@@ -378,7 +379,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="specdec loadtest", description=__doc__.split("\n\n")[0],
                                  epilog="`specdec loadtest canary --help`: add a canary router model to a repository.")
     src = ap.add_argument_group("server (default: a running one at localhost)")
-    src.add_argument("--grpc-url", default="localhost:8001")
+    src.add_argument("--grpc-url", default=DEFAULT_GRPC_URL)
     src.add_argument("--http-url", default="localhost:8000")
     src.add_argument("--metrics-url", default="http://localhost:8002/metrics", type=metrics_endpoint)
     src.add_argument("--model-repository", help="start tritonserver on free ports with this repository")

@@ -46,6 +46,7 @@ from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
+from specdec.serving.client import DEFAULT_GRPC_URL, close_stream
 from specdec.serving.trtllm_llmapi import llmapi_body
 
 if TYPE_CHECKING:
@@ -499,7 +500,7 @@ class GrpcStreamUser(_StreamingUser):
     def on_stop(self) -> None:
         if self.client is not None:
             client, self.client = self.client, None
-            _close(client)
+            close_stream(client)
 
     def abandon(self) -> None:
         """Give the stream up: its requests are cancelled and it is closed in a greenlet of its own,
@@ -507,7 +508,7 @@ class GrpcStreamUser(_StreamingUser):
         `__del__` without cancelling, which waits for every response of the stream: where one never
         came (the canary's BLS calls deadlocked), the user hung there, and Locust's exit with it."""
         client, self.client = self.client, None
-        gevent.spawn(_close, client)
+        gevent.spawn(close_stream, client)
 
     def stream(self, model: str, body: dict, sample: Sample, t0: float, timeout: float) -> None:
         from tritonclient.utils import InferenceServerException
@@ -589,17 +590,8 @@ class HttpSseUser(_StreamingUser):
                 sample.error = "the stream ended without a response"
 
 
-def _close(client) -> None:
-    """Cancel a tritonclient stream's requests, then close it and its channel."""
-    try:
-        client.stop_stream(cancel_requests=True)
-        client.close()
-    except Exception:
-        pass
-
-
 def _grpc_from_host(host: str | None) -> str:
     if not host:
-        return "localhost:8001"
+        return DEFAULT_GRPC_URL
     name = host.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
     return f"{name}:8001"
