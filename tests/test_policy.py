@@ -379,6 +379,45 @@ def test_a_probe_whose_catch_up_would_cost_more_than_its_budget_drafts_one_seque
     assert probe_step(p, batch, 0.0) == [2] * 8  # in sync
 
 
+def test_a_probe_of_the_best_sequence_alone_is_its_evidence_not_the_engine_wides():
+    """A narrowed probe (and its follow-up) drafts the best-accepting sequence only: its rounds
+    move that sequence's acceptances, not the engine-wide ones a newcomer starts at. A paused draft
+    model's narrow probes of its best row lifted the engine-wide alpha to 0.88-0.96 at batch 8,
+    and every fresh batch of 8 then drafted on it at once, catching up on its prompts. A probe of
+    every row still moves it."""
+    backlogs = {}
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k, backlog=lambda s: backlogs[s.slot])
+    p.cost = compute_bound()  # speculation stays off
+    batch = seqs(p, 3, 0.6) + seqs(p, 1, 0.7) + seqs(p, 4, 0.6)
+    for s in batch:
+        backlogs[s.slot] = 100
+    before, best = p.alpha, p.acceptance(batch[3])
+
+    def all_accepted(ks: list[int]) -> None:
+        p.observe(StepRecord(batch, ks, ks, ks, [backlogs[s.slot] if k else 0 for s, k in zip(batch, ks)],
+                             propose_seconds=0.0, depth=max(ks), tokens=len(batch) + sum(ks)))
+
+    while not any(ks := p.choose(batch)):
+        p.observe(StepRecord(batch, ks, [0] * 8, [0] * 8, [0] * 8, step_seconds=8.0, tokens=8))
+    assert ks == [0, 0, 0, 2, 0, 0, 0, 0]  # narrowed: no catch-up timed yet
+    all_accepted(ks)
+    assert p.choose(batch) == ks  # the follow-up, in sync
+    backlogs[batch[3].slot] = 3
+    all_accepted(ks)
+    assert p.alpha == before and p.beta == before
+    assert p.acceptance(batch[3]) > best
+    newcomer = Sequence("new", [1, 2], SamplingParams(), lambda o: None, slot=next(SLOTS))
+    p.admit(newcomer)
+    assert p.acceptance(newcomer) == before
+    for s in batch:  # in sync: the next probe drafts every row
+        backlogs[s.slot] = 1
+    while not any(ks := p.choose(batch)):
+        p.observe(StepRecord(batch, ks, [0] * 8, [0] * 8, [0] * 8, step_seconds=8.0, tokens=8))
+    assert ks == [2] * 8
+    all_accepted(ks)
+    assert p.alpha > before
+
+
 def test_a_probe_over_budget_at_batch_1_spaces_the_next_as_far_as_the_budget_needs():
     """At batch 1 a probe cannot be narrowed: one that cost more than its budget (EAGLE catching up
     on a whole prompt and output) moves the next probe out, past MAX_PROBE_GAP, to where its cost
