@@ -18,11 +18,10 @@ from typing import Iterator
 
 import numpy as np
 
-from specdec.serving.interface import INPUTS
+from specdec.serving.interface import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, INPUTS
 from specdec.serving.trtllm_llmapi import TYPES as LLMAPI_TYPES
 from specdec.serving.trtllm_llmapi import llmapi_body
 
-DEFAULT_GRPC_URL = "localhost:8001"  # Triton's default gRPC address
 NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64,
             "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
 
@@ -264,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     ap.add_argument("--interface", choices=["specdec", "llmapi"], default="specdec",
                     help="llmapi: a TensorRT-LLM >= 1.x llmapi model (text only: no token counts)")
-    ap.add_argument("--url", help="server address (default localhost:8001 for gRPC, localhost:8000 for HTTP)")
+    ap.add_argument("--url", help=f"server address (default {DEFAULT_GRPC_URL} for gRPC, {DEFAULT_HTTP_URL} for HTTP)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, help="0 = greedy (the server's default)")
     ap.add_argument("--top-p", type=float)
@@ -280,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of text lines")
     args = ap.parse_args(argv)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    url = args.url or (DEFAULT_GRPC_URL if args.protocol == "grpc" else "localhost:8000")
+    url = args.url or (DEFAULT_GRPC_URL if args.protocol == "grpc" else DEFAULT_HTTP_URL)
     if args.seed is not None and args.seed < 0:
         print("error: --seed must be >= 0", file=sys.stderr)
         return 2

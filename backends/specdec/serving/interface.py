@@ -18,6 +18,13 @@ class Field:
     optional: bool = True
 
 
+# Triton's default ports: `specdec serve` listens on them, and every client and load test
+# defaults to them on localhost
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+DEFAULT_HTTP_URL = f"localhost:{HTTP_PORT}"
+DEFAULT_GRPC_URL = f"localhost:{GRPC_PORT}"
+DEFAULT_METRICS_URL = f"http://localhost:{METRICS_PORT}/metrics"
+
 # config type -> the datatype name on the wire (tritonclient, HTTP JSON)
 WIRE_TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
               "TYPE_FP32": "FP32", "TYPE_BOOL": "BOOL"}

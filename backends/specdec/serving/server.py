@@ -34,6 +34,7 @@ from pathlib import Path
 from specdec import OPENMP_ENV
 from specdec.paths import CACHE, MODEL_REPOSITORY, PACKAGE_ROOT
 from specdec.serving.control import CONTROL_DIR_ENV
+from specdec.serving.interface import GRPC_PORT, HTTP_PORT, METRICS_PORT
 
 ENTRY_POINT = "from specdec.serving.model import TritonPythonModel  # noqa: F401\n"
 UNLOAD_TIMEOUT_S = 30.0  # how long stop() waits for the models to unload (idle ones take about 1 s)
@@ -305,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="specdec serve", description="Serve a model repository on tritonserver.")
     ap.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
     ap.add_argument("--models", nargs="*", help="load only these models (default: every model in the repository)")
-    ap.add_argument("--http-port", type=int, default=8000)
-    ap.add_argument("--grpc-port", type=int, default=8001)
-    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--http-port", type=int, default=HTTP_PORT)
+    ap.add_argument("--grpc-port", type=int, default=GRPC_PORT)
+    ap.add_argument("--metrics-port", type=int, default=METRICS_PORT)
     ap.add_argument("--exit-timeout-secs", type=int, default=5)
     ap.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
                     help="seconds running requests get to finish after SIGINT/SIGTERM/SIGHUP; the rest end with an error")

@@ -28,7 +28,8 @@ import sys
 import threading
 from pathlib import Path
 
-from specdec.serving.client import DEFAULT_GRPC_URL, close_stream, grpc_tensors
+from specdec.serving.client import close_stream, grpc_tensors
+from specdec.serving.interface import DEFAULT_GRPC_URL
 
 ENTRY = "from specdec.tools.loadtest.canary import TritonPythonModel  # noqa: F401\n"
 

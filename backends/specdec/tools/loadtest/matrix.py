@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.paths import GUARDRAILS, PACKAGE_ROOT, REPORTS
-from specdec.serving.client import DEFAULT_GRPC_URL
+from specdec.serving.interface import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL
 from specdec.tools.loadtest import stats
 from specdec.tools.loadtest.intervals import mean_interval, paired_ratio
 from specdec.tools.loadtest.noise import server_pid
@@ -54,8 +54,8 @@ class MatrixConfig:
     warmup_rounds: int = 1
     protocol: str = "grpc"
     grpc_url: str = DEFAULT_GRPC_URL
-    http_url: str = "localhost:8000"
-    metrics_url: str = "http://localhost:8002/metrics"
+    http_url: str = DEFAULT_HTTP_URL
+    metrics_url: str = DEFAULT_METRICS_URL
     baseline: str = "baseline"
     aa_model: str | None = None  # the baseline's A/A copy, when served
     prompts: int = 32
@@ -380,8 +380,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  epilog="`specdec loadtest canary --help`: add a canary router model to a repository.")
     src = ap.add_argument_group("server (default: a running one at localhost)")
     src.add_argument("--grpc-url", default=DEFAULT_GRPC_URL)
-    src.add_argument("--http-url", default="localhost:8000")
-    src.add_argument("--metrics-url", default="http://localhost:8002/metrics", type=metrics_endpoint)
+    src.add_argument("--http-url", default=DEFAULT_HTTP_URL)
+    src.add_argument("--metrics-url", default=DEFAULT_METRICS_URL, type=metrics_endpoint)
     src.add_argument("--model-repository", help="start tritonserver on free ports with this repository")
     src.add_argument("--kit", help="build a repository from this kit folder (target/ draft/ medusa/ eagle/) and serve it")
     src.add_argument("--aa", action="store_true",

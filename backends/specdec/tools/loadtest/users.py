@@ -46,7 +46,8 @@ from gevent.threadpool import ThreadPool
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
-from specdec.serving.client import DEFAULT_GRPC_URL, close_stream
+from specdec.serving.client import close_stream
+from specdec.serving.interface import DEFAULT_GRPC_URL, GRPC_PORT
 from specdec.serving.trtllm_llmapi import llmapi_body
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def _options(parser) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0, help="request i gets seed + i (sampled workloads)")
-    g.add_argument("--grpc-url", default="", help="gRPC address (default: --host's name, port 8001)")
+    g.add_argument("--grpc-url", default="", help=f"gRPC address (default: --host's name, port {GRPC_PORT})")
     g.add_argument("--samples-out", default="", help="write one JSON line per request here")
     g.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0 = run time only)")
     g.add_argument("--request-timeout", type=float, default=300.0)
@@ -594,4 +595,4 @@ def _grpc_from_host(host: str | None) -> str:
     if not host:
         return DEFAULT_GRPC_URL
     name = host.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-    return f"{name}:8001"
+    return f"{name}:{GRPC_PORT}"
