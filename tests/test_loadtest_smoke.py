@@ -6,6 +6,7 @@ per-round paired ratios, and an A/A run (the baseline under two names) reports n
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -281,19 +282,34 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
 
 
 def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(served, tmp_path):
-    """A request whose model stops answering mid-stream (its stub stopped with SIGSTOP, 1.5 s into
-    a run of back-to-back 400-token requests) is given up after --request-timeout with a sample
-    that says so, and Locust still ends at its run time. Before, the user dropped the stream's
-    client, whose `__del__` closed it without cancelling: it waited for responses that never came,
-    and Locust's exit waited for its reader (the distributed canary test's worker, killed after
-    30 s, in 3 of 15 runs, when the canary's BLS calls deadlocked: `bls.exec`)."""
+    """A request whose model stops answering mid-stream (its stub stopped with SIGSTOP once the
+    server has streamed tokens of the run's back-to-back 400-token requests for 1.5 s) is given up
+    after --request-timeout with a sample that says so, and Locust still ends at its run time.
+    Before, the user dropped the stream's client, whose `__del__` closed it without cancelling: it
+    waited for responses that never came, and Locust's exit waited for its reader (the distributed
+    canary test's worker, killed after 30 s, in 3 of 15 runs, when the canary's BLS calls
+    deadlocked: `bls.exec`). The stop waits for the server's first tokens (a timer from the
+    command's start once fired while Locust, slow to start on a loaded machine, had sent nothing:
+    one clean-clone run saw no request given up)."""
     [stub] = noise.model_stubs(noise.server_pid(served.grpc_url), "baseline")
     out = tmp_path / "samples.jsonl"
     prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n"])
-    stopper = threading.Timer(1.5, os.kill, (stub, signal.SIGSTOP))
+    before = scrape(served.metrics_url)
+    done, stopped = threading.Event(), []
+
+    def stop_once_streaming() -> None:
+        while not done.wait(0.1):
+            if stats.metric_delta(before, scrape(served.metrics_url), "specdec:generation_tokens", model="baseline") > 0:
+                done.wait(1.5)
+                if not done.is_set():
+                    os.kill(stub, signal.SIGSTOP)
+                    stopped.append(time.monotonic() - t0)
+                return
+
+    stopper = threading.Thread(target=stop_once_streaming, daemon=True)
+    t0 = time.monotonic()
     stopper.start()
     try:
-        t0 = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
              "GrpcStreamUser", "--headless", "-u", "1", "-r", "1", "--run-time", "8s", "--host", f"http://{served.http_url}",
@@ -302,10 +318,12 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
             capture_output=True, text=True, timeout=60, env=_locust_env())
         took = time.monotonic() - t0
     finally:
-        stopper.cancel()
+        done.set()
+        stopper.join()
         os.kill(stub, signal.SIGCONT)
-    errors = [s["error"] for s in stats.load_samples(out)]
-    assert took < 30 and "no response within 3 s" in errors, (took, errors, proc.stdout[-2000:], proc.stderr[-2000:])
+    errors = collections.Counter(s["error"] for s in stats.load_samples(out))
+    assert stopped, ("the server streamed nothing", took, errors, proc.stderr[-2000:])
+    assert took < 30 and errors["no response within 3 s"], (took, stopped, errors, proc.stdout[-2000:], proc.stderr[-2000:])
 
 
 def test_a_stopped_server_unloads_the_canary_loaded_after_it_started(served, tmp_path):
