@@ -320,6 +320,14 @@ def test_probes_back_off_while_speculation_stays_off_and_return_when_it_pays():
     assert p.next_probe - p.steps <= PROBE_EVERY
 
 
+def plain_until_drafting(p: Policy, batch: list[Sequence], step_seconds: float) -> list[int]:
+    """Observe plain steps of `batch` (each `step_seconds`) until the policy drafts; that step's ks."""
+    n = len(batch)
+    while not any(ks := p.choose(batch)):
+        p.observe(StepRecord(batch, ks, [0] * n, [0] * n, [0] * n, step_seconds=step_seconds, tokens=n))
+    return ks
+
+
 def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float, fed: int = 1) -> list[int]:
     """Run the policy to its next probe and report that probe's proposal time, which fed each
     drafting row `fed` entries first, then the follow-up that drafts the caught-up rows again (in
@@ -397,8 +405,7 @@ def test_a_probe_of_the_best_sequence_alone_is_its_evidence_not_the_engine_wides
         p.observe(StepRecord(batch, ks, ks, ks, [backlogs[s.slot] if k else 0 for s, k in zip(batch, ks)],
                              propose_seconds=0.0, depth=max(ks), tokens=len(batch) + sum(ks)))
 
-    while not any(ks := p.choose(batch)):
-        p.observe(StepRecord(batch, ks, [0] * 8, [0] * 8, [0] * 8, step_seconds=8.0, tokens=8))
+    ks = plain_until_drafting(p, batch, step_seconds=8.0)
     assert ks == [0, 0, 0, 2, 0, 0, 0, 0]  # narrowed: no catch-up timed yet
     all_accepted(ks)
     assert p.choose(batch) == ks  # the follow-up, in sync
@@ -411,8 +418,7 @@ def test_a_probe_of_the_best_sequence_alone_is_its_evidence_not_the_engine_wides
     assert p.acceptance(newcomer) == before
     for s in batch:  # in sync: the next probe drafts every row
         backlogs[s.slot] = 1
-    while not any(ks := p.choose(batch)):
-        p.observe(StepRecord(batch, ks, [0] * 8, [0] * 8, [0] * 8, step_seconds=8.0, tokens=8))
+    ks = plain_until_drafting(p, batch, step_seconds=8.0)
     assert ks == [2] * 8
     all_accepted(ks)
     assert p.alpha > before
@@ -645,8 +651,7 @@ def test_a_paused_batchs_probe_that_caught_up_drafts_again_in_sync_and_times_the
     p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], draft_fixed=5.0, draft_per_level=5.0)  # off
     [s] = seqs(p, 1, 0.9)
     backlogs[s.slot] = 60
-    while not any(ks := p.choose([s])):
-        p.observe(StepRecord([s], ks, [0], [0], [0], step_seconds=1.0, tokens=1))
+    ks = plain_until_drafting(p, [s], step_seconds=1.0)
     p.observe(StepRecord([s], ks, [ks[0]], [ks[0]], [60], propose_seconds=0.5, depth=ks[0], step_seconds=1.2,
                          tokens=1 + ks[0]))
     assert p.cost.draft_seen == 0  # a catch-up: not a proposal sample
