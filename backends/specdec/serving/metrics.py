@@ -88,12 +88,15 @@ class Metrics:
         return m
 
     def restarts(self, model: int, server: int) -> None:
-        """The watchdog's counts so far (`control.restarts`): they outlive the process that counts."""
+        """Raise the restart counters to the watchdog's counts so far (`control.restarts`): they
+        outlive the process that counts. A dead stub never deletes its metrics, so the stub of its
+        reload gets them back in tritonserver with their values: adding the whole count on top of
+        those counted a model's second reload as 1 + 2 = 3."""
         with self.lock:
             for name, n in (("specdec:model_restarts", model), ("specdec:server_restarts", server)):
                 metric = self.metric(name)
-                if n:
-                    metric.increment(n)
+                if n > metric.value():
+                    metric.increment(n - metric.value())
 
     # ---- called from the engine thread: cheap appends only -------------------------------
     def observe(self, name: str, value: float) -> None:
