@@ -106,6 +106,14 @@ PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one ca
 # and a batch drafting at every step never measured one; at batch 8 the draft model's curve put
 # 8 x 2 tokens at 1.17x a plain step where they ran 1.47x, and it drafted at a loss (0.87x). (Not
 # where plain steps come anyway, `CostModel.plain_lately`.)
+PAIR_GAP = 8  # a step and a settled plain step at most this many steps apart are a pair (`observe_shape`)
+PLAIN_SETTLE = 2  # plain steps a plain step must follow to be timed at all (`observe_verify`) and
+# be a pair's plain step (`observe_shape`); an anchor of a drafting batch runs it plain this many
+# steps more. The first plain steps after drafted ones still pay for them: in-process at batch 8 (fixed
+# k = 4, three plain steps forced every 8) the first cost 1.13-1.14x a baseline engine's plain step
+# (its forward 1.11x, its output 1.25x), the second 1.04-1.05x, the third 1.00x; at batch 1, 1.03-1.04x,
+# 1.01x, 1.00x. Set against first plain steps, a drafting batch of 8 priced drafting 13% low, and
+# a paused one, timing settled steps, priced it right: two regimes, each consistent with its own steps
 MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe that finds it
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
@@ -229,9 +237,15 @@ class CostModel:
     rising_seconds: list[float] = field(default_factory=list, repr=False)  # `rising(...)` of the points, made with `curve`
     table_key: tuple = field(default=(), repr=False)  # what `proposal_table` was made for
     table: tuple[list[float], list[float]] = field(default=([], []), repr=False)
-    recent: dict[int, RecentSteps] = field(default_factory=dict, repr=False)  # token count -> real steps at it
+    # token count -> its recent pairs (`observe_shape`): each the point it implies, by step number
+    pairs: dict[int, RecentSteps] = field(default_factory=dict, repr=False)
+    plain_steps: dict[int, RecentSteps] = field(default_factory=dict, repr=False)  # plain count -> settled plain steps, not anchors
+    last_plain: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)  # plain count -> (step, seconds)
+    last_at: dict[int, tuple[int, float, int]] = field(default_factory=dict, repr=False)  # count -> (step, seconds, plain)
+    paired: set[int] = field(default_factory=set, repr=False)  # counts the latest settled plain step is paired with
     fresh_until: float = float("inf")  # the step after which a point of the curve as read goes stale (`fresh_weights`)
     steps: int = 0
+    plain_run: int = 0  # plain steps in a row up to the last one (PLAIN_SETTLE)
 
     def __post_init__(self) -> None:
         if not self.start[0]:
@@ -343,64 +357,98 @@ class CostModel:
         x = seconds / self.load
         self.output_per_row = x if not self.output_per_row else self.output_per_row + OUTPUT_RATE * (x - self.output_per_row)
 
-    def observe_verify(self, n: int, seconds: float, plain: int = 0) -> None:
-        """Move the load towards a measured step and the curve's shape (`observe_shape`, the step
-        at the load before it: `plain` tokens is a step of one token per row; 0: unknown); where
+    def observe_verify(self, n: int, seconds: float, plain: int = 0, anchor: bool = False) -> None:
+        """Move the load towards a measured step and the curve's shape (`observe_shape`: pairs of
+        steps and settled plain ones; `plain` tokens is a step of one token per row; 0: unknown); where
         that did not set n's point, after a step at another count, also move the curve's points
         around n towards what the load does not explain (ratios clipped to 0.5-2x). Steps at one
-        count cannot tell a busy machine from a wrong curve: they move the load only."""
-        at_load = seconds / self.load  # the step at the load of the steps before it
-        self.load *= 1 + LOAD_RATE * (min(max(seconds / self.verify(n), 0.5), 2.0) - 1)
+        count cannot tell a busy machine from a wrong curve: they move the load only. A plain step
+        that is not settled yet (PLAIN_SETTLE) is neither: it still pays for the drafted ones
+        before it, and moving the load it set the settled step after it 8% low. `anchor`: the step
+        is one the policy ran plain to time it (`plain_lately`)."""
+        self.plain_run = self.plain_run + 1 if n == plain else 0
+        if n == plain and self.plain_run <= PLAIN_SETTLE:
+            return
+        ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
+        self.load *= 1 + LOAD_RATE * (ratio - 1)
         # a contrast: only a step at another count than the last tells shape from load; the plain
         # count (one token per row) is the anchor `observe_shape` measures the others against
-        if not self.observe_shape(n, at_load, plain) and self.last_n and n != self.last_n and n != plain:
+        if not self.observe_shape(n, seconds, plain, anchor) and self.last_n and n != self.last_n and n != plain:
             i = bisect_left(self.token_counts, n)
             if i < len(self.token_counts) and self.token_counts[i] == n:
                 points = [i]
             else:
                 points = [j for j in (i - 1, i) if 0 <= j < len(self.token_counts)]
-            ratio = min(max(seconds / self.verify(n), 0.5), 2.0)
             for j in points:
                 self.seconds[j] = self.bounded(self.token_counts[j], self.seconds[j] * (1 + VERIFY_RATE * (ratio - 1)))
             self.curve.clear()
         self.last_n = n
 
-    def observe_shape(self, n: int, seconds: float, plain: int) -> bool:
-        """Set the curve's point at n from real steps (`seconds`: this one's, at the load of the
-        steps before it): the median of the recent steps at n over the median of the recent plain
-        steps (`plain` tokens: one per row), times the plain point. True when it set the point (a
-        contrast at n would be overwritten by the next one). Contrasts alone (above) move the shape
-        10% at a time against a load that tracks whichever count runs, and with switches as rare as
-        probes it did not converge: EAGLE's curve said a 5-token step cost 1.49x a plain one where
-        its steps showed 2.09x. The curve's lookups are made again only where a point moved by
-        more than SHAPE_TOLERANCE or a point went stale (`fresh_weights`): made again whenever a
-        median moved, they were made in 84% of prompt lookup's steps at batch 1 (now 30-50%)."""
+    def observe_shape(self, n: int, seconds: float, plain: int, anchor: bool = False) -> bool:
+        """Set the curve's point at n from real steps: the median of its recent pairs, each a step
+        at n and a settled plain step (`plain` tokens: one per row) at most PAIR_GAP steps apart,
+        their ratio times the plain point. True while real steps own n's point (a contrast at n
+        would be overwritten by the next pair). A pair's two steps ran on the machine as it was
+        within a few steps, so its ratio needs no load: set against the load, which follows the
+        curve that the steps set, the shape fed back on itself, and a batch drafting every step
+        whose anchors stayed fresh (one in 2 * PROBE_EVERY) drove 5 tokens to the curve's bounds
+        (1.0-3.6x a plain step where they cost 2x, a simulation of steady costs). Contrasts alone
+        (above) move the shape 10% at a time against a load that tracks whichever count runs, and
+        with switches as rare as probes it did not converge: EAGLE's curve said a 5-token step
+        cost 1.49x a plain one where its steps showed 2.09x. The curve's lookups are made again
+        only where a point moved by more than SHAPE_TOLERANCE or a point went stale
+        (`fresh_weights`): made again whenever a median moved, they were made in 84% of prompt
+        lookup's steps at batch 1 (now 30-50%)."""
         self.steps += 1
-        at_n = self.recent.get(n)
-        if at_n is None:
-            at_n = self.recent[n] = RecentSteps()
-        at_n.add(self.steps, seconds)
         if self.steps > self.fresh_until:
             self.curve.clear()
-        if n == plain or plain not in self.recent:
+        near = self.steps - PAIR_GAP
+        if n == plain:  # pairs with the latest step at each other count of this batch's
+            if not anchor:
+                at_plain = self.plain_steps.get(plain)
+                if at_plain is None:
+                    at_plain = self.plain_steps[plain] = RecentSteps()
+                at_plain.add(self.steps, seconds)
+            self.last_plain[plain], self.paired = (self.steps, seconds), set()
+            for m, (step, s, p) in list(self.last_at.items()):
+                if p == plain and step >= near:
+                    self.pair(m, s / seconds, plain)
             return False
-        fresh = self.steps - SHAPE_FRESH
-        at_plain = self.recent[plain]
-        if len(at_n) < SHAPE_SAMPLES or len(at_plain) < SHAPE_SAMPLES or min(at_n.oldest, at_plain.oldest) < fresh:
-            return False
-        ratio = at_n.median() / at_plain.median()
-        point = self.bounded(n, self.verify_at_calibration(plain) * ratio)
+        self.last_at[n] = (self.steps, seconds, plain)
+        step, s = self.last_plain.get(plain, (-PAIR_GAP - 1, 0.0))
+        if step >= near and n not in self.paired:
+            self.pair(n, seconds / s, plain)
+        return n in self.measured and self.fresh(n)
+
+    def pair(self, n: int, ratio: float, plain: int) -> None:
+        """One more pair for n (its step's seconds over the settled plain step's); sets n's point
+        once SHAPE_SAMPLES fresh ones are in."""
+        self.paired.add(n)
+        at_n = self.pairs.get(n)
+        if at_n is None:
+            at_n = self.pairs[n] = RecentSteps()
+        was_fresh = self.fresh(n)
+        at_n.add(self.steps, self.verify_at_calibration(plain) * ratio)
+        if not self.fresh(n):
+            return
+        point = self.bounded(n, at_n.median())
         i = bisect_left(self.token_counts, n)
         if i < len(self.token_counts) and self.token_counts[i] == n:
             if abs(point / self.seconds[i] - 1.0) <= SHAPE_TOLERANCE and n in self.measured:
-                return True
+                if not was_fresh:  # its weight in the curve as read is back (`fresh_weights`)
+                    self.curve.clear()
+                return
             self.seconds[i] = point
         else:
             self.token_counts.insert(i, n)
             self.seconds.insert(i, point)
         self.measured.add(n)
         self.curve.clear()
-        return True
+
+    def fresh(self, n: int) -> bool:
+        """Has n SHAPE_SAMPLES pairs, all within the last SHAPE_FRESH steps?"""
+        at_n = self.pairs.get(n)
+        return at_n is not None and len(at_n) == SHAPE_SAMPLES and at_n.oldest >= self.steps - SHAPE_FRESH
 
     def fresh_weights(self) -> list[float]:
         """Each point's weight in the curve as read (`rising`): for a point real steps set, how
@@ -417,9 +465,9 @@ class CostModel:
         for c in self.token_counts:
             if c not in self.measured:
                 weights.append(1e-9)
-            elif c not in self.recent:  # set without steps (`measured` given): no age to weigh by
+            elif c not in self.pairs:  # set without steps (`measured` given): no age to weigh by
                 weights.append(1.0)
-            elif (oldest := self.recent[c].oldest) < fresh:
+            elif (oldest := self.pairs[c].oldest) < fresh:
                 weights.append(1e-9)
             else:
                 weights.append(SHAPE_SAMPLES / (self.steps - oldest + 1))
@@ -427,12 +475,14 @@ class CostModel:
         return weights
 
     def plain_lately(self, plain: int, within: int) -> bool:
-        """Has a plain step (`plain` tokens: one per row) come within the last `within` steps, with
-        SHAPE_SAMPLES of them recent? Then `observe_shape` has its anchor without the policy's: a
-        prompt-lookup row whose suffix matched nothing earlier ran a quarter of its steps plain (at
-        batch 1, fixed k = 4), and an anchor every 2 * PROBE_EVERY steps cost it 3% of its steps as
-        plain ones besides."""
-        at_plain = self.recent.get(plain)
+        """Has a settled plain step (`plain` tokens: one per row) come of itself, not as an anchor,
+        within the last `within` steps, with SHAPE_SAMPLES of them recent? Then `observe_shape` has
+        its pairs without the policy's anchors: a prompt-lookup row whose suffix matched nothing
+        earlier ran a quarter of its steps plain (at batch 1, fixed k = 4, in runs of 2.7), and an
+        anchor every 2 * PROBE_EVERY steps cost it 3% of its steps as plain ones besides. Counted
+        as coming of themselves, the anchors skipped every other anchor of a batch drafting every
+        step, and its pairs went stale."""
+        at_plain = self.plain_steps.get(plain)
         return at_plain is not None and len(at_plain) == SHAPE_SAMPLES and at_plain.newest > self.steps - within
 
     def verify(self, n: int) -> float:
@@ -608,6 +658,8 @@ class Policy:
         # this step (and its follow-up) is a probe of the best-accepting sequence alone: its round
         # is that sequence's evidence, not the engine-wide acceptances' (`observe_round`)
         self.best_only = False
+        self.anchor_left = 0  # plain steps an anchor has still to run (PLAIN_SETTLE)
+        self.anchoring = False  # this step is an anchor's: its plain rounds are a timing, not the sequences' choice
         self.slots: dict[int, SlotState] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
@@ -641,6 +693,10 @@ class Policy:
             return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], probe,
                                {i for i, s in enumerate(seqs) if s.slot in slots})
         self.best_only = False
+        self.anchoring = self.anchor_left > 0
+        if self.anchor_left:  # an anchor runs on until its last plain step is settled (PLAIN_SETTLE)
+            self.anchor_left -= 1
+            return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
         batch = [s.slot for s in seqs]
         paused = self.steps < self.recheck_at and batch == self.paused_batch
         if paused and self.steps < self.next_probe:  # the same batch, nothing it reads has moved
@@ -672,6 +728,7 @@ class Policy:
             if drafting and self.probes % 2 == 0:  # an anchor, unless plain steps came anyway
                 if self.cost.plain_lately(len(seqs), 2 * PROBE_EVERY):
                     return drafting_ks(caps, pinned, k, drafting)
+                self.anchor_left, self.anchoring = PLAIN_SETTLE, True
                 return drafting_ks(caps, pinned, 0, set())
             # at least 2 tokens deep: a probe of one measures neither beta nor how the proposal's
             # cost grows with depth, and a batch off since its start (k = 0) probed only 1 deep
@@ -813,10 +870,13 @@ class Policy:
             self.observe_proposal(step)
         self.probing_off = 0
         if self.cost is not None and step.tokens:
-            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs))
+            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs), self.anchoring)
+        # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
+        # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
+        decay = 1.0 if self.anchoring else DECAY
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             if s.slot in self.slots:  # not finished in this step
-                self.observe_round(self.slots[s.slot], depth, accepted, engine_wide=not self.best_only)
+                self.observe_round(self.slots[s.slot], depth, accepted, decay, engine_wide=not self.best_only)
 
     def observe_proposal(self, step: StepRecord) -> None:
         """A step that drafted: what its probe cost, a search due, and the proposal's time."""
