@@ -262,3 +262,33 @@ def test_a_native_chain_drafts_what_the_python_loop_drafts(method, monkeypatch):
     assert any(max(map(len, step)) == 5 for step in runs[0][0])
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     assert torch.equal(runs[0][2], runs[1][2])
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle"])
+def test_a_catch_up_of_one_long_row_among_short_ones_runs_natively(method, monkeypatch):
+    """The native chain takes a catch-up by its entries, not by rows x its longest row: it skips
+    padding. A newcomer's prompt beside rows in sync (here 3 rows, NATIVE_MAX_ROWS lowered to 48)
+    runs there, drafting what the Python loop drafts bit for bit; gated on padded rows, such
+    catch-ups of a batch of 8 past 128 tokens went to the eager layers. (The caches differ past
+    each row's end only: the eager catch-up also writes its padding there, which no step reads.)"""
+    from specdec.core.models import native
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+
+    monkeypatch.setattr(native, "NATIVE_MAX_ROWS", 48)
+    runs, gated = [], []
+    for use_chain in (True, False):
+        eng = build_engine(EngineConfig.of(method=method, max_batch=3, policy="fixed", k=4, **kit_paths(DEMO_KIT)))
+        if use_chain:
+            takes = eng.proposer.chain.takes
+            eng.proposer.chain.takes = lambda d, p: gated.append((len(p) * max(map(len, p)), sum(map(len, p)), takes(d, p))) or gated[-1][2]
+        else:
+            eng.proposer.chain = None
+        rounds = iter(range(10**9))
+        eng.policy.choose = lambda seqs: [4 if s.slot or next(rounds) > 12 else 0 for s in seqs]  # slot 0 waits 12 steps
+        drafts, propose = [], eng.proposer.propose
+        eng.proposer.propose = lambda seqs, ks: drafts.append(propose(seqs, ks)) or drafts[-1]
+        out = eng.generate(prompts(3, seed=9), SamplingParams(max_tokens=40))
+        runs.append(([[d.tokens for d in step] for step in drafts], [r.token_ids for r in out]))
+    assert any(padded > 48 and entries <= 48 and native_ran for padded, entries, native_ran in gated), gated
+    assert runs[0] == runs[1]

@@ -264,10 +264,12 @@ class NativeChain:
     @staticmethod
     def takes(drafting: list, pending: list[list[int]]) -> bool:
         """Whether a proposal runs here: every drafting sequence greedy (a sampled one draws from
-        its q, which rejection sampling needs) and a catch-up of no more rows than a native
-        forward takes (a longer one, a prompt's, goes to the eager layers, as the drafter's Python
-        sends it)."""
-        return all(s.params.greedy for s in drafting) and len(pending) * max(map(len, pending)) <= NATIVE_MAX_ROWS
+        its q, which rejection sampling needs) and a catch-up of no more entries than a native
+        forward takes (a longer one goes to the eager layers, as the drafter's Python sends it).
+        Its entries, not its padded rows: the native forward skips padding, and gated on rows x the
+        longest row, a batch of 8 sent every catch-up of a newcomer's prompt past 128 tokens to
+        the eager layers (9 of 145 proposals of the draft model at 16 users' prompts, fixed k = 4)."""
+        return all(s.params.greedy for s in drafting) and sum(map(len, pending)) <= NATIVE_MAX_ROWS
 
     def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],
                  draft_ks: list[int], rope: "RopeTable", cache: "KVCache", slots: list[int],
