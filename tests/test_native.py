@@ -247,6 +247,29 @@ def test_prefill_float64_and_odd_shapes_stay_eager(tiny_target, tiny_draft):
     assert load_model(tiny_draft).native is None  # head_dim 8: not a multiple of 16
 
 
+def test_prompts_of_different_lengths_prefill_natively_by_their_real_tokens(monkeypatch):
+    """A batch of prompts is prefilled without its padding, and the native forward takes it by
+    its real tokens (NATIVE_MAX_ROWS lowered to 64 here; prompts of 24 and 165 tokens had run 330
+    rows, not 189, and 8 prompts, one of them past 128 tokens, went to the eager layers); each
+    prompt's greedy output is the one it gets alone."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.sampling import SamplingParams
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+
+    monkeypatch.setattr(native, "NATIVE_MAX_ROWS", 64)
+    eng = build_engine(EngineConfig.of(method="baseline", max_batch=2, **kit_paths(DEMO_KIT)))
+    seen, accepts = [], eng.target.native.accepts
+    eng.target.native.accepts = lambda x, k, lengths=None: seen.append(
+        (x.shape[0] * x.shape[1], lengths, accepts(x, k, lengths))) or seen[-1][2]
+    prompts = [list(range(5, 15)), list(range(100, 150))]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    together = [r.token_ids for r in eng.generate(prompts, params)]
+    assert any(padded > 64 and lengths == [10, 50] and ran for padded, lengths, ran in seen), seen
+    assert together == [eng.generate([p], params)[0].token_ids for p in prompts]
+
+
 def test_switched_off_or_without_a_compiler_every_forward_is_eager(tiny_target, monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     try:

@@ -261,7 +261,10 @@ class Engine:
         width = max(len(r) for r in rows)
         tokens = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=self.device)
         positions = torch.arange(width, device=self.device).expand(len(seqs), -1)
-        hidden = self.target(tokens, positions, self.cache, [s.slot for s in seqs], [0] * len(seqs))
+        # prompts of different lengths: the padding is not computed (prompts of 24 and 165 tokens
+        # ran 330 rows, not 189) and does not count against the native forward's rows
+        lengths = [len(r) for r in rows] if any(len(r) < width for r in rows) else None
+        hidden = self.target(tokens, positions, self.cache, [s.slot for s in seqs], [0] * len(seqs), None, lengths)
         last = hidden[torch.arange(len(seqs)), torch.tensor([len(r) - 1 for r in rows])]
         logits = self.target.logits(last)
         self.metrics.prefill_tokens += sum(len(r) for r in rows)

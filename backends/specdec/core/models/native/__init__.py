@@ -220,10 +220,11 @@ class NativeDecoder:
         return x
 
     @staticmethod
-    def accepts(x: Tensor, k: Tensor) -> bool:
-        """Whether this forward runs natively: float32 on CPU (the cache too), few enough rows."""
-        return (x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu"
-                and x.shape[0] * x.shape[1] <= NATIVE_MAX_ROWS)
+    def accepts(x: Tensor, k: Tensor, lengths: list[int] | None = None) -> bool:
+        """Whether this forward runs natively: float32 on CPU (the cache too), few enough real
+        rows (`lengths`: each row's real tokens; None: all; padding is not computed)."""
+        rows = x.shape[0] * x.shape[1] if lengths is None else sum(lengths)
+        return x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu" and rows <= NATIVE_MAX_ROWS
 
 
 class _Chain(ctypes.Structure):
