@@ -23,6 +23,12 @@ def test_engine_ab_against_head_checks_outputs_and_times_both(capsys):
                      r"speedup median [\d.]+x .*identical outputs", out)
 
 
+def test_engine_ab_with_arrivals_sends_the_prompts_asked_for_at_least_48_requests(capsys):
+    main(["--rev", "HEAD", "--method", "baseline", "--batch", "4", "--rounds", "1", "--prompts", "5", "--in-flight", "4",
+          "--max-tokens", "4"])
+    assert re.search(r"1 alternating rounds of 50 x 4 greedy tokens, 4 in flight: .*identical outputs", capsys.readouterr().out)
+
+
 def test_arrivals_keep_that_many_in_flight_and_return_each_prompts_tokens():
     """`--in-flight`: each finished request submits the next, so the batch never holds more than
     that many and changes as they finish; every prompt gets what `generate` gives it."""

@@ -4,6 +4,7 @@
     python -m specdec.tools.forward_ab --rev 43e8d00 --method eagle2 --batch 8
     python -m specdec.tools.forward_ab --rev 9d7df4d --method eagle --batch 8 --policy adaptive
     python -m specdec.tools.forward_ab --rev d47dbba --method eagle --batch 8 --policy adaptive --in-flight 4 --max-tokens 32
+    python -m specdec.tools.forward_ab --rev 990f673~1 --method draft --batch 8 --in-flight 16 --max-tokens 64 --prompts 32
     python -m specdec.tools.forward_ab --eager --method draft --batch 8
 
 `--eager` compares this checkout with itself, its decoder layers eager (`SPECDEC_NATIVE=0`) on the
@@ -14,7 +15,8 @@ tests prove nothing; this imports the earlier commit's `specdec` package under a
 the current one, loads the same checkpoints into both, and times them in alternating order: per
 call (400 pairs per shape by default) for a forward, per generation (8 held-out prompts x 128
 greedy tokens by default, fixed k unless `--policy adaptive`; with `--in-flight`, that many requests
-always in flight, as a served engine sees them) for `--method`, so each ratio compares runs made
+always in flight, as a served engine sees them; `--prompts 32`, the load test's prompts, up to 165
+tokens where the first 8 stop at 102) for `--method`, so each ratio compares runs made
 moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
 depend on the policy).
 """
@@ -59,6 +61,9 @@ def import_revision(rev: str, into: Path) -> str:
         source.write_text(re.sub(r"\bspecdec\.", f"{name}.", text).replace("from specdec import", f"from {name} import"))
     sys.path.insert(0, str(into))
     return name
+
+
+ARRIVALS = 48  # requests of an --in-flight run, at least: the prompts repeated
 
 
 def time_pairs(forwards: dict[str, Callable[[], object]], calls: int) -> dict[str, list[float]]:
@@ -108,12 +113,13 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
         engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params)}
     engines["this checkout"] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
     freeze_heap()
-    prompts = heldout_prompts(8)
+    prompts = heldout_prompts(args.prompts)
+    requests = prompts * -(-ARRIVALS // len(prompts))  # with --in-flight
 
     def run(engine, params) -> list[list[int]]:
         p = params(max_tokens=args.max_tokens, ignore_eos=True)
         if args.in_flight:
-            return arrivals(engine, p, prompts * 6, args.in_flight)
+            return arrivals(engine, p, requests, args.in_flight)
         return [r.token_ids for r in engine.generate(prompts, p)]
 
     runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
@@ -123,7 +129,8 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
     times = time_pairs(runs, args.rounds)
     ratios = sorted(a / b for a, b in zip(*times.values()))
-    load = f"48 x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight else f"8 x {args.max_tokens} greedy tokens"
+    load = (f"{len(requests)} x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight
+            else f"{len(prompts)} x {args.max_tokens} greedy tokens")
     print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of {load}"
           f": {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
           f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
@@ -200,9 +207,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
     ap.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed", help="--method: the engines' policy (default: fixed)")
     ap.add_argument("--max-tokens", type=int, default=128, help="--method: greedy tokens per prompt (default: 128)")
+    ap.add_argument("--prompts", type=int, default=8,
+                    help="--method: held-out prompts (default: 8); the load test's are its first 32, up to 165 tokens")
     ap.add_argument("--in-flight", type=int, default=0,
-                    help="--method: keep this many requests in flight over 48 (the prompts 6 times), each "
-                         "finished one submitting the next (default: 0, all 8 prompts at once)")
+                    help=f"--method: keep this many requests in flight over at least {ARRIVALS} (the prompts "
+                         "repeated), each finished one submitting the next (default: 0, all prompts at once)")
     args = ap.parse_args(argv)
     if bool(args.rev) == args.eager or (args.eager and not args.method):
         ap.error("give --rev REV, or --eager with --method")
