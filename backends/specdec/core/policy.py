@@ -39,7 +39,8 @@ is mostly a property of the proposer and the workload), so a well-measured propo
 off for every newcomer (a probe narrowed to the best-accepting sequence is that sequence's evidence
 only: it samples the best, not a newcomer's expectation). Seeded sampled requests keep their cap
 (the request's num_draft_tokens or the model's k): their random numbers are drawn per draft
-position, so only a fixed schedule makes a seed reproduce under load.
+position, so only a fixed schedule makes a seed reproduce under load. Where the fitted model
+rates drafting above what it realizes, `rate_guard.RateGuard` vetoes it from timed steps alone.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from math import ceil
 from typing import Callable
 
 from specdec.core.proposers.base import CATCH_UP_WINDOW
+from specdec.core.rate_guard import RateGuard
 from specdec.core.sequence import Sequence
 
 PRIOR_ALPHA = 0.6
@@ -661,6 +663,12 @@ class Policy:
         self.anchor_left = 0  # plain steps an anchor has still to run (PLAIN_SETTLE)
         self.anchoring = False  # this step is an anchor's: its plain rounds are a timing, not the sequences' choice
         self.slots: dict[int, SlotState] = {}
+        self.guard = RateGuard()  # vetoes drafting for a batch size whose drafting steps realized less than its plain ones
+        self.drafting_regime = False  # the last search drafted (and was not vetoed)
+        # what the coming step is a sample of for the guard: drafting's regime (True), a paused
+        # batch's (False), or neither (None: a paused batch's probe and its follow-up)
+        self.regime: bool | None = False
+        self.plain_run = 0  # plain steps in a row, the last observed included
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
     def cap(self, seq: Sequence) -> int:
@@ -687,9 +695,11 @@ class Policy:
         if not self.adaptive or self.cost is None or self.max_k == 0:
             return [self.cap(s) for s in seqs]
         self.steps += 1
+        self.regime = self.drafting_regime
         if self.follow_up is not None:
             slots, probe = self.follow_up
             self.follow_up = None
+            self.regime = None
             return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], probe,
                                {i for i, s in enumerate(seqs) if s.slot in slots})
         self.best_only = False
@@ -710,6 +720,9 @@ class Policy:
             k, drafting = 0, set()
         else:
             k, drafting = self.best(caps, alphas, betas, pinned, self.catch_up_charges(seqs, caps, alphas, betas))
+            if drafting and self.guard.vetoed(len(seqs), self.steps):
+                k, drafting = 0, set()
+            self.regime = self.drafting_regime = bool(drafting)
             if drafting:
                 self.recheck_at, self.paused_batch = 0, []
             else:  # off again for the same batch (nothing drafted since): search less often
@@ -739,6 +752,8 @@ class Policy:
             self.best_only = len(probing) < len(free)
             if not drafting and any(self.catch_up_entries(self.backlog(seqs[i])) for i in probing):
                 self.follow_up = ({seqs[i].slot for i in probing}, probe)
+            if not drafting:
+                self.regime = None
             return drafting_ks(caps, pinned, probe, probing)
         return drafting_ks(caps, pinned, k, drafting)
 
@@ -871,12 +886,25 @@ class Policy:
         self.probing_off = 0
         if self.cost is not None and step.tokens:
             self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs), self.anchoring)
+        if self.adaptive and self.cost is not None:
+            self.observe_rate(step)
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
         decay = 1.0 if self.anchoring else DECAY
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             if s.slot in self.slots:  # not finished in this step
                 self.observe_round(self.slots[s.slot], depth, accepted, decay, engine_wide=not self.best_only)
+
+    def observe_rate(self, step: StepRecord) -> None:
+        """Hand the guard the step's committed tokens and engine seconds: a settled plain step's
+        (after PLAIN_SETTLE plain ones: the first plain steps after drafted ones still pay for
+        them, `PLAIN_SETTLE`), or the drafting regime's (any other step of it)."""
+        rows = len(step.seqs)
+        plain = step.tokens == rows
+        self.plain_run = self.plain_run + 1 if plain else 0
+        settled = plain and self.plain_run > PLAIN_SETTLE
+        if settled or self.regime:
+            self.guard.add(rows, self.steps, rows + sum(step.accepted), step.propose_seconds + step.step_seconds, not settled)
 
     def observe_proposal(self, step: StepRecord) -> None:
         """A step that drafted: what its probe cost, a search due, and the proposal's time."""

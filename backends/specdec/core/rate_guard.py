@@ -1,0 +1,109 @@
+"""The adaptive policy's last word on drafting: the rate each regime realized, as timed.
+
+The policy picks k from a fitted model of costs (the target's curve, the proposal's cost, the
+catch-ups, the server's output) and the acceptances. Wherever that model is wrong in drafting's
+favour, the policy drafts at a loss and nothing it measures says so: served at 4 and 16 users
+(`make demo`, 2 cores), adaptive EAGLE drafted nearly every step at 0.82-0.84x of the baseline's
+tokens/s while its model rated drafting 1.23x the plain rate; the served throughput of every
+method tracked its engine time per committed token. So the guard keeps, per batch size, the
+committed tokens and engine seconds (proposal and step) of the recent steps of each regime:
+drafting (every step the policy drafted by its own choice, with the catch-ups of newcomers and
+resumes, the probes and anchors' first plain steps that drafting brings) and plain (settled
+plain steps: a paused batch's, and the last of each anchor's, which is where a drafting batch
+times one). When drafting's rate falls below GUARD_RATIO of the plain rate over the same window,
+drafting is vetoed for that batch size for GUARD_HOLD steps, doubling with every veto that
+follows a re-trial (up to GUARD_HOLD_MAX); a re-trial that realizes at least the plain rate
+resets the hold. The policy's model still decides where drafting looks best, the k and the rows:
+the guard only says no, from tokens and seconds, not from a model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+GUARD_WINDOW = 512  # steps: each regime's samples within the last this many (the policy's step count).
+# A drafting batch times a settled plain step once in 2 * PROBE_EVERY steps (its anchors): 512
+# steps hold 16 of them
+GUARD_MIN_PLAIN = 8  # settled plain steps ...
+GUARD_MIN_DRAFTED = 64  # ... and drafting steps in the window before the rates are compared
+GUARD_RATIO = 0.97  # drafting is vetoed below this share of the plain rate: a margin for the
+# window's noise, so that a method drafting at par (where a veto gains nothing) is rarely vetoed
+GUARD_HOLD = 256  # steps a first veto holds; each veto after a re-trial doubles it ...
+GUARD_HOLD_MAX = 4096  # ... up to this
+
+
+@dataclass
+class Window:
+    """Committed tokens and seconds of recent steps, summed."""
+
+    steps: deque[tuple[int, int, float]] = field(default_factory=deque)  # (step, tokens, seconds)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, step: int, tokens: int, seconds: float) -> None:
+        self.steps.append((step, tokens, seconds))
+        self.tokens += tokens
+        self.seconds += seconds
+
+    def trim(self, oldest: int) -> None:
+        """Drop the steps before `oldest`."""
+        while self.steps and self.steps[0][0] < oldest:
+            _, tokens, seconds = self.steps.popleft()
+            self.tokens -= tokens
+            self.seconds -= seconds
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.tokens, self.seconds = 0, 0.0
+
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass
+class BatchRates:
+    """One batch size's two regimes and its veto."""
+
+    drafting: Window = field(default_factory=Window)
+    plain: Window = field(default_factory=Window)
+    hold: int = GUARD_HOLD  # steps the next veto holds
+    until: int = 0  # drafting is vetoed before this step
+    vetoes: int = 0
+
+
+class RateGuard:
+    """Per batch size, vetoes drafting while its realized rate trails the plain rate."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, BatchRates] = {}
+
+    def vetoed(self, rows: int, step: int) -> bool:
+        rates = self.batches.get(rows)
+        return rates is not None and step < rates.until
+
+    def add(self, rows: int, step: int, tokens: int, seconds: float, drafting: bool) -> None:
+        """A step of `rows` sequences that committed `tokens` in `seconds`: drafting's, or a
+        settled plain one. After a drafting step, the regimes are compared."""
+        rates = self.batches.get(rows)
+        if rates is None:
+            rates = self.batches[rows] = BatchRates()
+        (rates.drafting if drafting else rates.plain).add(step, tokens, seconds)
+        if not drafting:
+            return
+        oldest = step - GUARD_WINDOW
+        rates.drafting.trim(oldest)
+        rates.plain.trim(oldest)
+        if len(rates.drafting) < GUARD_MIN_DRAFTED or len(rates.plain) < GUARD_MIN_PLAIN:
+            return
+        drafted, plain = rates.drafting.rate(), rates.plain.rate()
+        if drafted < GUARD_RATIO * plain:
+            rates.until = step + rates.hold
+            rates.hold = min(2 * rates.hold, GUARD_HOLD_MAX)
+            rates.vetoes += 1
+            rates.drafting.clear()  # a re-trial is judged on its own steps
+        elif drafted >= plain:
+            rates.hold = GUARD_HOLD

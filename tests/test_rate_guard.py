@@ -1,0 +1,114 @@
+"""The rate guard: drafting is vetoed for a batch size whose drafting steps, as timed, commit
+fewer tokens per second than its settled plain steps, wherever the policy's model says otherwise."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+
+import pytest
+
+from specdec.core import rate_guard
+from specdec.core.policy import CostModel, Policy, StepRecord
+from specdec.core.rate_guard import GUARD_HOLD, GUARD_MIN_DRAFTED, GUARD_MIN_PLAIN, RateGuard
+from specdec.core.sampling import SamplingParams
+from specdec.core.sequence import Sequence
+
+SLOTS = itertools.count(1000)
+
+
+def feed(guard: RateGuard, start: int, drafting_rate: float, plain_rate: float, rows: int = 8) -> int:
+    """Enough steps of both regimes at these rates (tokens per second) to compare them; the next step."""
+    step = start
+    for _ in range(GUARD_MIN_PLAIN):
+        guard.add(rows, step, rows, rows / plain_rate, drafting=False)
+        step += 1
+    for _ in range(GUARD_MIN_DRAFTED):
+        guard.add(rows, step, 2 * rows, 2 * rows / drafting_rate, drafting=True)
+        step += 1
+    return step
+
+
+def test_drafting_below_the_plain_rate_is_vetoed_for_that_batch_size_and_the_hold_doubles():
+    guard = RateGuard()
+    step = feed(guard, 0, drafting_rate=0.9, plain_rate=1.0)
+    assert guard.vetoed(8, step) and not guard.vetoed(4, step)
+    assert not guard.vetoed(8, step - 1 + GUARD_HOLD)  # the hold ends: a re-trial
+    step = feed(guard, step - 1 + GUARD_HOLD, drafting_rate=0.9, plain_rate=1.0)
+    assert guard.vetoed(8, step - 1 + GUARD_HOLD) and guard.batches[8].vetoes == 2  # held twice as long
+    assert not guard.vetoed(8, step - 1 + 2 * GUARD_HOLD)
+
+
+@pytest.mark.parametrize("drafting_rate", [0.98, 1.3])
+def test_drafting_at_par_or_better_is_not_vetoed(drafting_rate):
+    guard = RateGuard()
+    step = feed(guard, 0, drafting_rate=drafting_rate, plain_rate=1.0)
+    assert not guard.vetoed(8, step)
+
+
+def test_too_few_plain_steps_say_nothing():
+    guard = RateGuard()
+    for step in range(10 * GUARD_MIN_DRAFTED):
+        guard.add(8, step, 8, 100.0, drafting=True)
+    assert not guard.vetoed(8, 10 * GUARD_MIN_DRAFTED)
+
+
+def over_rated_rate(seed: int, guarded: bool, rows: int = 8, steps: int = 6000) -> tuple[float, float]:
+    """(tokens per second as a share of the plain rate, share of steps that drafted) of a batch
+    whose policy over-rates drafting: it charges every step 0.5 of a plain step per row for
+    output that costs nothing (as the server's output charge made plain steps look 1.7x dearer
+    than they were, `make demo`'s EAGLE at 16 users). A step of n tokens costs 1 + 0.05 (n - rows)
+    with 10% jitter; each draft token is accepted with 0.6, the one before it accepted."""
+    rng = random.Random(seed)
+    cost = lambda n: 1.0 + 0.05 * (n - rows)  # noqa: E731
+    propose = lambda depth, m: 0.025 * (1 + depth) * (1 + 0.5 * (m - 1))  # noqa: E731
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    counts = [rows, 2 * rows, 3 * rows, 5 * rows]
+    p.cost = CostModel(counts, [cost(n) for n in counts], draft_fixed=propose(0, 1), draft_per_level=propose(1, 1) - propose(0, 1))
+    p.cost.output_per_row = 0.5
+    if not guarded:
+        p.guard.add = lambda *args, **kwargs: None
+    batch = [Sequence(f"r{i}", [1, 2], SamplingParams(max_tokens=10**7), lambda o: None, slot=next(SLOTS)) for i in range(rows)]
+    for s in batch:
+        p.admit(s)
+    tokens = seconds = 0.0
+    drafted = 0
+    for _ in range(steps):
+        ks = p.choose(batch)
+        accepted = []
+        for k in ks:
+            a = 0
+            while a < k and rng.random() < 0.6:
+                a += 1
+            accepted.append(a)
+        m = sum(1 for k in ks if k)
+        propose_seconds = propose(max(ks), m) if m else 0.0
+        n = rows + sum(ks)
+        p.observe(StepRecord(batch, ks, list(ks), accepted, [1 if k else 0 for k in ks], propose_seconds=propose_seconds,
+                             depth=max(ks), step_seconds=cost(n) * rng.lognormvariate(0, 0.1), tokens=n))
+        tokens += rows + sum(accepted)
+        seconds += cost(n) + propose_seconds
+        drafted += m > 0
+    return tokens / seconds / rows, drafted / steps
+
+
+def test_a_policy_that_over_rates_drafting_is_held_near_the_plain_rate():
+    """Unguarded, the policy drafts 9 steps in 10 at 0.81x of the plain rate; guarded, it drafts
+    in 9% of them (the first 260 steps until the window holds GUARD_MIN_PLAIN anchors, re-trials,
+    probes) at 0.96x."""
+    unguarded = statistics.median(over_rated_rate(seed, guarded=False)[0] for seed in range(3))
+    runs = [over_rated_rate(seed, guarded=True) for seed in range(3)]
+    assert unguarded < 0.85
+    assert statistics.median(r for r, _ in runs) >= 0.95
+    assert max(d for _, d in runs) < 0.15
+
+
+def test_the_guard_leaves_a_policy_whose_drafting_pays_alone(monkeypatch):
+    """Where drafting pays (prompt lookup at batch 1, `test_policy.simulated_rate`), the guard
+    never vetoes: the rate is the same with it as without."""
+    import test_policy
+
+    guarded = [test_policy.simulated_rate(seed, 2.0, steps=1500) for seed in range(3)]
+    monkeypatch.setattr(rate_guard, "GUARD_RATIO", 0.0)
+    assert [test_policy.simulated_rate(seed, 2.0, steps=1500) for seed in range(3)] == guarded
