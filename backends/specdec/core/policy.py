@@ -668,7 +668,6 @@ class Policy:
         # what the coming step is a sample of for the guard: drafting's regime (True), a paused
         # batch's (False), or neither (None: a paused batch's probe and its follow-up)
         self.regime: bool | None = False
-        self.plain_run = 0  # plain steps in a row, the last observed included
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
     def cap(self, seq: Sequence) -> int:
@@ -886,8 +885,8 @@ class Policy:
         self.probing_off = 0
         if self.cost is not None and step.tokens:
             self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs), self.anchoring)
-        if self.adaptive and self.cost is not None:
-            self.observe_rate(step)
+            if self.adaptive:
+                self.observe_rate(step)
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
         decay = 1.0 if self.anchoring else DECAY
@@ -897,12 +896,11 @@ class Policy:
 
     def observe_rate(self, step: StepRecord) -> None:
         """Hand the guard the step's committed tokens and engine seconds: a settled plain step's
-        (after PLAIN_SETTLE plain ones: the first plain steps after drafted ones still pay for
-        them, `PLAIN_SETTLE`), or the drafting regime's (any other step of it)."""
+        (after PLAIN_SETTLE plain ones, as the cost model counts them in `observe_verify`: the
+        first plain steps after drafted ones still pay for them), or the drafting regime's (any
+        other step of it)."""
         rows = len(step.seqs)
-        plain = step.tokens == rows
-        self.plain_run = self.plain_run + 1 if plain else 0
-        settled = plain and self.plain_run > PLAIN_SETTLE
+        settled = step.tokens == rows and self.cost.plain_run > PLAIN_SETTLE
         if settled or self.regime:
             self.guard.add(rows, self.steps, rows + sum(step.accepted), step.propose_seconds + step.step_seconds, not settled)
 
