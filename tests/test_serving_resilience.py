@@ -270,8 +270,12 @@ def test_dead_stub_is_reloaded_and_the_other_models_keep_serving(stub_killed):
                      serve.text) and "spec_ngram serves again" in serve.text
     assert stub_killed["server_crashes"] < 3, f"tritonserver crashed at every stub kill:\n{serve.text}"
     watchdog = "\n".join(line for line in serve.text.splitlines() if line.startswith("watchdog"))
-    # a kill the server crashed at is repeated on the restarted one (the fixture): each is a restart
-    assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == stub_killed["kills"], watchdog
+    # a kill the server crashed at is repeated on the restarted one (the fixture); whether that kill
+    # was also a model reload depends on who the watchdog saw die first (once, CI: tritonserver, so
+    # 2 kills, 1 reload): the counter must match the reloads the watchdog reported, at least one
+    reloads = len(re.findall(r"watchdog: model spec_ngram: backend stub \(pid [\d, ]+\) died", serve.text))
+    assert 1 <= reloads <= stub_killed["kills"], watchdog
+    assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == reloads, watchdog
     assert metric(serve.ports[2], "specdec:model_restarts", "baseline") == 0, watchdog
     around = [status for t, status in stub_killed["baseline"] if t > t_kill - 1]
     assert len(around) >= 5 and set(around) == {200}, around  # baseline never stopped serving
