@@ -38,6 +38,8 @@ def test_drafting_below_the_plain_rate_is_vetoed_for_that_batch_size_and_the_hol
     step = feed(guard, step - 1 + GUARD_HOLD, drafting_rate=0.9, plain_rate=1.0)
     assert guard.vetoed(8, step - 1 + GUARD_HOLD) and guard.batches[8].vetoes == 2  # held twice as long
     assert not guard.vetoed(8, step - 1 + 2 * GUARD_HOLD)
+    feed(guard, step, drafting_rate=0.5, plain_rate=1.0, rows=4)
+    assert guard.batches[4].vetoes == 1 and guard.vetoes == 3  # every batch size's: `specdec:drafting_vetoes`
 
 
 @pytest.mark.parametrize("drafting_rate", [0.98, 1.3])

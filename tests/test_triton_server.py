@@ -280,6 +280,8 @@ def test_metrics_count_accepted_tokens(served):
         assert metric(after, name, model=model) > 0, name
     assert metric(after, "specdec:request_success", model=model, finished_reason="length") > 0
     assert metric(after, "specdec:kv_slots", model=model) == 4
+    # the rate guard's vetoes, present (at 0) before any
+    assert re.search(rf'^specdec:drafting_vetoes\{{[^}}]*model="{model}"[^}}]*\}} \d', after, re.M), after
     # the sender thread's CPU for responses, which the adaptive policy charges every row's step
     for name in ("specdec:response_seconds", "specdec:responses"):
         assert wait_for(lambda: metric(scrape(served), name, model=model) > metric(before, name, model=model)), name

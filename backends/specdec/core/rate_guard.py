@@ -80,6 +80,7 @@ class RateGuard:
 
     def __init__(self) -> None:
         self.batches: dict[int, BatchRates] = {}
+        self.vetoes = 0  # every batch size's, since start (`specdec:drafting_vetoes`)
 
     def vetoed(self, rows: int, step: int) -> bool:
         rates = self.batches.get(rows)
@@ -104,6 +105,7 @@ class RateGuard:
             rates.until = step + rates.hold
             rates.hold = min(2 * rates.hold, GUARD_HOLD_MAX)
             rates.vetoes += 1
+            self.vetoes += 1
             rates.drafting.clear()  # a re-trial is judged on its own steps
         elif drafted >= plain:
             rates.hold = GUARD_HOLD

@@ -40,6 +40,8 @@ FAMILIES = {
     "specdec:request_queue_time_seconds": ("histogram", "Arrival to admission into a KV slot"),
     "specdec:e2e_request_latency_seconds": ("histogram", "Arrival to the last token"),
     "specdec:batch_size": ("histogram", "Running requests, sampled every flush interval while any run"),
+    "specdec:drafting_vetoes": ("counter", "Times the adaptive policy's rate guard stopped drafting for a batch size "
+                                "because drafting's realized tokens/s trailed plain decoding's"),
     "specdec:model_restarts": ("counter", "Reloads of this model by `specdec serve` after its backend stub died"),
     "specdec:server_restarts": ("counter", "Restarts of tritonserver by `specdec serve` after it died"),
 }
@@ -67,10 +69,12 @@ class Metrics:
         self.seen = {name: 0 for name in ENGINE_COUNTERS}
         self.seen_per_pos: list[int] = []
         self.seen_busy: dict[str, float] = {}
+        self.seen_vetoes = 0
         self.pending: collections.deque = collections.deque()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.metric("specdec:kv_slots").set(engine.max_batch)
+        self.metric("specdec:drafting_vetoes")  # at 0 from the start: a policy that never vetoed says so
         self.thread = threading.Thread(target=self._loop, name="specdec-metrics", daemon=True)
         self.thread.start()
 
@@ -134,6 +138,10 @@ class Metrics:
             if value > self.seen_busy.get(phase, 0.0):
                 self.metric("specdec:engine_seconds", phase=phase).increment(value - self.seen_busy.get(phase, 0.0))
                 self.seen_busy[phase] = value
+        vetoes = self.engine.policy.guard.vetoes  # the policy's own count: engine.metrics is per run
+        if vetoes > self.seen_vetoes:
+            self.metric("specdec:drafting_vetoes").increment(vetoes - self.seen_vetoes)
+            self.seen_vetoes = vetoes
         if m.draft_tokens:
             self.metric("specdec:spec_decode_draft_acceptance_rate").set(m.accepted_tokens / m.draft_tokens)
         running = len(self.engine.running)
