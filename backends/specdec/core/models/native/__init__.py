@@ -53,7 +53,7 @@ def _cpu_signature() -> str:
 def _max_rows() -> int:
     """NATIVE_MAX_ROWS on this CPU: decoder.c's matmul keeps 6 rows x 64 outputs in registers with
     AVX-512, 6 rows x 16 outputs without (its weights then stream once per 16 outputs, not 64)."""
-    return 1024 if "avx512f" in _cpu_signature().split() else 16
+    return 1024 if "avx512f" in _cpu_signature().split() else 64
 
 
 # More rows than this in one forward (prompts' prefill at a large batch) go to the eager layers.
@@ -64,7 +64,10 @@ def _max_rows() -> int:
 # long catch-up to the eager layers (docs/engine.md). Without AVX-512 (an AVX2 EPYC, the 8-float
 # kernels) the target's native forward against the eager one: 0.78 / 0.79 ms for 1 row, 1.61 /
 # 4.15 for 2, 2.64 / 4.93 for 5, 4.12 / 6.45 for 8 x 1, 6.83 / 8.18 for 8 x 2, 6.71 / 6.96 for
-# 1 x 16, but 8.20 / 8.09 for 4 x 5, 12.8 / 8.91 for 1 x 32 and 15.0 / 11.0 for 8 x 5.
+# 1 x 16, but 8.20 / 8.09 for 4 x 5, 12.8 / 8.91 for 1 x 32 and 15.0 / 11.0 for 8 x 5. Once
+# attention, norms and SiLU ran on 8-float vectors there too (decoder.c's `vf`), at a context of 100
+# (interleaved, ms): 3.78 / 5.29 for 4 x 5, 7.28 / 9.06 for 8 x 5, 5.91 / 7.24 for 1 x 32, 11.5 /
+# 12.5 for 1 x 64, 23.2 / 23.3 for 1 x 128: the cap there is 64 rows, where it was 16.
 NATIVE_MAX_ROWS = _max_rows()
 
 
