@@ -173,43 +173,47 @@ static inline v8 ld8_f16(const _Float16 *p) {
  * FMAs need: 5-40 rows of a matmul ran 1.6-1.7x slower (the same numbers, but for the sign of an
  * exact zero). */
 static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
-#define MM8_KERNEL(RB, WT, LOAD)                                                                 \
-    static void mm8_##RB##_##LOAD(const float *x, int64_t N, const WT *w, int64_t S,            \
-                                  const float *bias, float *out, int64_t M) {                   \
-        v8 acc[RB][2];                                                                           \
-        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                   \
-            acc[r][0] = bias ? ld8_f32(bias) : (v8){0};                                          \
-            acc[r][1] = bias ? ld8_f32(bias + 8) : (v8){0};                                      \
-        }                                                                                        \
+#define MM8_KERNEL(RB, U, WT, LOAD)                                                              \
+    static void mm8_##RB##x##U##_##LOAD(const float *x, int64_t N, const WT *w, int64_t S,      \
+                                        const float *bias, float *out, int64_t M) {             \
+        v8 acc[RB][2 * U];                                                                       \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++)                                  \
+            acc[r][q] = bias ? ld8_f32(bias + 8 * q) : (v8){0};                                  \
         _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
-            v8 w0 = LOAD(w + h * S), w1 = LOAD(w + h * S + 8);                                   \
+            v8 wv[2 * U];                                                                        \
+            _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) wv[q] = LOAD(w + h * S + 8 * q); \
             _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
                 v8 xv = bcast8(x[r * N + h]);                                                    \
-                acc[r][0] += xv * w0;                                                            \
-                acc[r][1] += xv * w1;                                                            \
+                _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) acc[r][q] += xv * wv[q]; \
             }                                                                                    \
         }                                                                                        \
-        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                   \
-            *(v8 *)(out + r * M) = acc[r][0];                                                    \
-            *(v8 *)(out + r * M + 8) = acc[r][1];                                                \
-        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) *(v8 *)(out + r * M + 8 * q) = acc[r][q]; \
     }
+/* U 16-column units at once where few rows leave registers free: one row's 2 accumulators are a
+ * chain of dependent FMAs (a one-row matmul waited on their latency), 4 units give it 8. Each
+ * output's sum still runs over h in order in one accumulator, whatever RB and U. */
 #define MM8_KERNELS(WT, LOAD)                                                                    \
-    MM8_KERNEL(1, WT, LOAD) MM8_KERNEL(2, WT, LOAD) MM8_KERNEL(3, WT, LOAD)                      \
-    MM8_KERNEL(4, WT, LOAD) MM8_KERNEL(5, WT, LOAD) MM8_KERNEL(6, WT, LOAD)                      \
+    MM8_KERNEL(1, 1, WT, LOAD) MM8_KERNEL(2, 1, WT, LOAD) MM8_KERNEL(3, 1, WT, LOAD)             \
+    MM8_KERNEL(4, 1, WT, LOAD) MM8_KERNEL(5, 1, WT, LOAD) MM8_KERNEL(6, 1, WT, LOAD)             \
+    MM8_KERNEL(1, 4, WT, LOAD) MM8_KERNEL(2, 2, WT, LOAD)                                        \
     static void matmul_##LOAD(const float *x, int64_t R, int64_t N, const WT *wt,               \
                               const float *bias, int64_t M, float *out, int64_t begin, int64_t end) { \
         typedef void (*fn)(const float *, int64_t, const WT *, int64_t, const float *, float *, int64_t); \
-        static const fn by[ROWS + 1] = {0, mm8_1_##LOAD, mm8_2_##LOAD, mm8_3_##LOAD,             \
-                                        mm8_4_##LOAD, mm8_5_##LOAD, mm8_6_##LOAD};              \
+        static const fn by[ROWS + 1] = {0, mm8_1x1_##LOAD, mm8_2x1_##LOAD, mm8_3x1_##LOAD,       \
+                                        mm8_4x1_##LOAD, mm8_5x1_##LOAD, mm8_6x1_##LOAD};        \
         int64_t whole = M / 64 * 64;                                                             \
         for (int64_t ob = begin; ob < end; ob += ob < whole ? 64 : 16) {                         \
             int64_t units = ob < whole ? 4 : 1; /* 16-column units of this block */              \
-            for (int64_t c = 0; c < units; c++)                                                  \
-                for (int64_t r = 0, rb; r < R; r += rb)                                          \
-                    by[rb = row_block(R - r)](x + r * N, N, wt + ob * N + 16 * c, 16 * units,   \
-                                                   bias ? bias + ob + 16 * c : NULL,            \
-                                                   out + r * M + ob + 16 * c, M);               \
+            for (int64_t r = 0, rb; r < R; r += rb) {                                            \
+                rb = row_block(R - r);                                                           \
+                int64_t u = units < 4 || rb > 2 ? 1 : 4 / rb;                                    \
+                fn f = u == 4 ? mm8_1x4_##LOAD : u == 2 ? mm8_2x2_##LOAD : by[rb];               \
+                for (int64_t c = 0; c < units; c += u)                                           \
+                    f(x + r * N, N, wt + ob * N + 16 * c, 16 * units, bias ? bias + ob + 16 * c : NULL, \
+                      out + r * M + ob + 16 * c, M);                                             \
+            }                                                                                    \
         }                                                                                        \
     }
 MM8_KERNELS(float, ld8_f32)
