@@ -52,7 +52,8 @@ def _cpu_signature() -> str:
 
 def _max_rows() -> int:
     """NATIVE_MAX_ROWS on this CPU: decoder.c's matmul keeps 6 rows x 64 outputs in registers with
-    AVX-512, 6 rows x 16 outputs without (its weights then stream once per 16 outputs, not 64)."""
+    AVX-512, 6 rows x 16 outputs without (its weights then stream once per 16 outputs, not 64;
+    one row takes 64 outputs and two rows 32 there, for their FMAs' latency)."""
     return 1024 if "avx512f" in _cpu_signature().split() else 64
 
 

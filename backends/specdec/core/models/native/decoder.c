@@ -378,7 +378,7 @@ int specdec_matmul_f16(const float *x, int64_t R, int64_t N, const _Float16 *wt,
 /* The rest of a forward (norms, SiLU, attention) works on `vf`, VW floats: one register, 16 with
  * AVX-512, else 8. Written on 16-float vectors, GCC lowered that code for AVX2 as it did the
  * matmuls (above): vectors kept on the stack, each broadcast through scalar stores, and on an AVX2
- * EPYC attention took 0.83x the matmuls' time at batch 8 (perf), rms norms, SiLU and attention
+ * EPYC attention took 0.83x the matmuls' time at batch 8 (perf), and what was not a matmul about
  * 1.4 ms of a 2.7 ms 8 x 1 forward. Every row and (row, head) pair is still computed in one order
  * whatever else the forward runs; VW sets that order, so the two kinds of CPU round differently. */
 #if defined(__AVX512F__)
