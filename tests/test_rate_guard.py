@@ -49,6 +49,18 @@ def test_drafting_at_par_or_better_is_not_vetoed(drafting_rate):
     assert not guard.vetoed(8, step)
 
 
+def test_a_paused_batchs_plain_steps_stay_within_the_window():
+    """A batch that never drafts again adds a plain step at every step and compares nothing:
+    its window must still drop the steps older than GUARD_WINDOW (it held every one: a served
+    engine paused for an hour at batch 1 kept millions)."""
+    guard = RateGuard()
+    steps = 3 * rate_guard.GUARD_WINDOW
+    for step in range(steps):
+        guard.add(1, step, 1, 1.0, drafting=False)
+    plain = guard.batches[1].plain
+    assert len(plain) == rate_guard.GUARD_WINDOW + 1 and plain.tokens == len(plain)
+
+
 def test_too_few_plain_steps_say_nothing():
     guard = RateGuard()
     for step in range(10 * GUARD_MIN_DRAFTED):

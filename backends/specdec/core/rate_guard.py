@@ -92,11 +92,15 @@ class RateGuard:
         rates = self.batches.get(rows)
         if rates is None:
             rates = self.batches[rows] = BatchRates()
-        (rates.drafting if drafting else rates.plain).add(step, tokens, seconds)
+        oldest = step - GUARD_WINDOW
+        window = rates.drafting if drafting else rates.plain
+        window.add(step, tokens, seconds)
+        # trimmed as it grows, not only where the regimes are compared: a batch paused for good
+        # adds a plain step at every step and compares nothing, and its window held every step
+        # since the pause (3865 entries after 8 requests of 500 tokens at batch 1)
+        window.trim(oldest)
         if not drafting:
             return
-        oldest = step - GUARD_WINDOW
-        rates.drafting.trim(oldest)
         rates.plain.trim(oldest)
         if len(rates.drafting) < GUARD_MIN_DRAFTED or len(rates.plain) < GUARD_MIN_PLAIN:
             return
