@@ -807,3 +807,49 @@ def test_a_batch_drafting_every_step_keeps_the_true_shape_against_settled_plain_
         if step % 1000 == 0:
             ratios.append(p.cost.verify_at_calibration(5) / p.cost.verify_at_calibration(1))
     assert ratios == pytest.approx([2.0] * 5, rel=0.03)
+
+
+def paused_run(observe_at_once: bool, steps: int = 3000) -> tuple[list[list[int]], tuple, int]:
+    """A batch of 8 where speculation does not pay (`compute_bound`), steps with 10% jitter, its
+    probes, and a row replaced by a newcomer every 150 steps: the ks chosen at each step, the
+    policy's state at the end and the most plain steps it left unobserved at once."""
+    rng = random.Random(3)
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    if observe_at_once:
+        p.observe = lambda step: p.observe_step(p.steps, step)
+    new = lambda slot: Sequence(f"r{slot}", [1, 2], SamplingParams(max_tokens=10**7), lambda o: None, slot=slot)  # noqa: E731
+    batch = [new(slot) for slot in range(8)]
+    for s in batch:
+        p.admit(s)
+    trace, held = [], 0
+    for step in range(steps):
+        if step % 150 == 149:  # a row ends, a newcomer takes its slot
+            i = step // 150 % 8
+            p.release(batch[i].slot)
+            batch[i] = new(batch[i].slot)
+            p.admit(batch[i])
+        ks = p.choose(batch)
+        accepted = [rng.randint(0, k) for k in ks]
+        n = len(batch) + sum(ks)
+        p.observe(StepRecord(batch, ks, list(ks), accepted, [1 if k else 0 for k in ks],
+                             propose_seconds=0.05 * (1 + max(ks)) if any(ks) else 0.0, depth=max(ks),
+                             step_seconds=n * rng.lognormvariate(0, 0.1), tokens=n))
+        trace.append(ks)
+        held = max(held, len(p.unobserved))
+    p.observe_unobserved()
+    c, g = p.cost, p.guard.batches[8]
+    state = (c.load, c.seconds, c.plain_run, c.steps, {m: list(r.ordered) for m, r in c.plain_steps.items()},
+             {slot: (st.acceptance, st.later) for slot, st in p.slots.items()}, (p.alpha, p.beta),
+             list(g.plain.steps), list(g.drafting.steps), p.probe_gap, p.next_probe, p.recheck_at)
+    return trace, state, held
+
+
+def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed_at_once():
+    """While `choose` coasts (a paused batch, nothing to search), its plain steps are observed
+    together at the next search, probe, admission or release: the policy must choose the same ks
+    at every step and end in the same state as one that observed each step at once."""
+    later, at_once = paused_run(observe_at_once=False), paused_run(observe_at_once=True)
+    assert later[0] == at_once[0] and any(map(any, later[0]))  # the same ks, probes among them
+    assert later[1] == at_once[1]
+    assert later[2] >= PAUSED_RECHECK and at_once[2] == 0  # steps were left unobserved, then observed
