@@ -85,6 +85,22 @@ def test_kv_cache_equals_fresh_prefill_after_every_step(kit, method):
     assert 0 < eng.metrics.accepted_tokens < eng.metrics.draft_tokens  # both accepts and rejects happened
 
 
+def test_each_output_carries_the_counters_as_they_stood_when_it_went_out(kit):
+    """Every streamed Output's stats is its own copy (`RequestStats.snapshot`): later steps must
+    not move an Output already handed out, nor share its per-position list."""
+    eng = engine(kit, "draft")
+    outs = []
+    eng.submit("def add(a, b):", SamplingParams(max_tokens=30, ignore_eos=True), outs.append)
+    while eng.has_work():
+        eng.step()
+    counts = [o.stats.output_tokens for o in outs]
+    assert counts == sorted(counts) and counts[0] == len(outs[0].token_ids) and counts[-1] == 30
+    assert sum(len(o.token_ids) for o in outs) == 30
+    drafted = [o.stats.draft_tokens for o in outs]
+    assert drafted == sorted(drafted) and drafted[0] < drafted[-1]
+    assert len({id(o.stats.accepted_per_position) for o in outs}) == len(outs)
+
+
 def test_streamed_chunks_concatenate_to_the_whole_text(kit):
     eng = engine(kit, "ngram")
     text = "Grüße, naïve café — 日本語のテキスト 🙂 emoji\n"

@@ -9,7 +9,7 @@ string could still be completing, the text that may be its start is held back.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from specdec.core.models.tokenizer import IncrementalDetokenizer, Tokenizer
 from specdec.core.sequence import Output, Sequence
@@ -79,5 +79,4 @@ class OutputStream:
         self.sent = max(self.sent, end)
         seq = self.seq
         if text or token_ids or finished:  # a snapshot of the counters, consistent with this text
-            stats = replace(seq.stats, accepted_per_position=list(seq.stats.accepted_per_position))
-            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, stats, error))
+            seq.on_output(Output(seq.request_id, text, list(token_ids), finished, reason, seq.stats.snapshot(), error))
