@@ -100,6 +100,53 @@ def test_native_layers_equal_the_eager_ones(target, case, slots):
         assert rounding_apart(c_native.v[:, slots[b], :end], c_eager.v[:, slots[b], :end])
 
 
+@pytest.fixture(scope="module")
+def wide_vocab_target(tmp_path_factory, tokenizer_dir):
+    """The tiny target's shape with a vocabulary the native output head takes (a multiple of 16:
+    5 blocks of 64 columns and one of 16); the tokenizer's 300 is not, and stays on F.linear."""
+    return make_hf_checkpoint(tmp_path_factory.mktemp("target"), tokenizer_dir, layers=2, hidden=64, seed=1, vocab=336)
+
+
+STEP_CASES = CASES | {"short first row": (3, [0, 1, 2], None, [1, 3])}
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_a_greedy_step_in_one_call_equals_the_forward_head_and_argmax(wide_vocab_target, case):
+    """Bit for bit: `greedy_step` (embeddings, layers, head and argmax in one native call) gives
+    the hidden states, cache entries and argmax ids of `forward`, `logits` and torch's argmax
+    over the real tokens, for decode, chain and tree verification and padded rows."""
+    model = load_model(wide_vocab_target)
+    assert model.native_step is not None
+    T, offsets, mask, lengths = STEP_CASES[case]
+    tokens = torch.tensor([[7, 11, 13, 17][:T], [19, 23, 29, 31][:T]])
+    positions = torch.tensor([[n + o for o in offsets] for n in PREFIX])
+    masks = None if mask is None else mask.expand(2, -1, -1)
+    real = torch.arange(T) < torch.tensor(lengths or [T, T])[:, None]
+    with torch.no_grad():
+        cache = prefilled(model, [0, 1])
+        hidden = model(tokens, positions, cache, [0, 1], PREFIX, masks, lengths)
+        argmax = model.logits(hidden[real]).argmax(-1).tolist()
+        one_call = prefilled(model, [0, 1])
+        h, ids = model.greedy_step(tokens.flatten().tolist(), positions.flatten().tolist(), 2, T, one_call, [0, 1],
+                                   PREFIX, masks, lengths)
+    assert torch.equal(h, hidden) and ids == argmax
+    assert torch.equal(one_call.k, cache.k) and torch.equal(one_call.v, cache.v)
+
+
+def test_a_greedy_step_without_a_native_head_is_left_to_the_caller(tiny_target):
+    """A vocabulary the native head does not take (300: not a multiple of 16) has no one-call step."""
+    model = load_model(tiny_target)
+    assert model.native_step is None
+    assert model.greedy_step([7], [0], 1, 1, model.new_cache(1, 8), [0], [0]) is None
+
+
+def test_a_greedy_step_over_a_token_outside_the_vocabulary_is_refused(wide_vocab_target):
+    model = load_model(wide_vocab_target)
+    cache = model.new_cache(1, 8)
+    with pytest.raises(RuntimeError, match="code -3"):
+        model.greedy_step([model.config.vocab_size], [0], 1, 1, cache, [0], [0])
+
+
 def rounding_apart(native_values, eager_values) -> bool:
     """Equal up to float32 rounding at the values' scale (sums over 256 inputs of values up to
     8 differ in the 5th decimal)."""
@@ -286,6 +333,44 @@ def test_prompts_of_different_lengths_prefill_natively_by_their_real_tokens(monk
     together = [r.token_ids for r in eng.generate(prompts, params)]
     assert any(padded > 64 and lengths == [10, 50] and ran for padded, lengths, ran in seen), seen
     assert together == [eng.generate([p], params)[0].token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("method", ["baseline", "ngram", "draft", "eagle", "medusa", "eagle2"])
+def test_engines_with_the_one_call_greedy_step_stream_what_they_do_without_it(method):
+    """On the demo kit (whose vocabulary the native head takes) every method's decode and
+    verification steps of greedy rows past min_tokens run as one native call
+    (`LlamaForCausalLM.greedy_step`); the tokens, the drafts' acceptance and every cache entry are
+    the ones the forward, head and argmax give called apart. A request owing min_tokens and a
+    sampled one make their steps take that path, as they must (they read logits)."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.sampling import SamplingParams
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+    from specdec.tools.prompts import heldout_prompts
+
+    prompts = heldout_prompts(3)
+    params = [SamplingParams(max_tokens=40, ignore_eos=True), SamplingParams(max_tokens=40, min_tokens=30),
+              SamplingParams(max_tokens=40, temperature=0.8, seed=5, ignore_eos=True)]
+    runs = []
+    for one_call in (True, False):
+        eng = build_engine(EngineConfig.of(method=method, max_batch=3, policy="fixed", k=4, **kit_paths(DEMO_KIT)))
+        assert eng.target.native_step is not None
+        calls = []
+        if one_call:
+            step = eng.target.greedy_step
+            eng.target.greedy_step = lambda *a: calls.append(step(*a)) or calls[-1]
+        else:
+            eng.target.native_step = None
+        alone = [r.token_ids for r in eng.generate(prompts[:1], params[0])]
+        if one_call:  # every step greedy: every step in one call
+            assert len(calls) == eng.metrics.steps and all(c is not None for c in calls)
+        mixed = [r.token_ids for r in eng.generate(prompts, params)]
+        if one_call:  # the sampled row's steps read logits
+            assert len(calls) < eng.metrics.steps
+        runs.append((alone, mixed, eng.metrics.accepted_tokens, eng.cache.k.clone()))
+    assert runs[0][:3] == runs[1][:3]
+    assert torch.equal(runs[0][3], runs[1][3])
 
 
 def test_switched_off_or_without_a_compiler_every_forward_is_eager(tiny_target, monkeypatch, tmp_path, caplog):

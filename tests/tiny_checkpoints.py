@@ -34,12 +34,13 @@ def make_tokenizer(folder: Path, vocab_size: int = 300) -> Path:
 def make_hf_checkpoint(
     folder: Path, tokenizer_dir: Path, layers: int = 2, hidden: int = 64, seed: int = 0,
     model_type: str = "llama", tie: bool = False, kv_heads: int = 2, rope_scaling: dict | None = None,
-    sharded: bool = False, bin_format: bool = False,
+    sharded: bool = False, bin_format: bool = False, vocab: int | None = None,
 ) -> Path:
-    """A random checkpoint saved by transformers' own save_pretrained."""
+    """A random checkpoint saved by transformers' own save_pretrained; `vocab`: its vocabulary, if
+    wider than the tokenizer's (ids past the tokenizer's are never tokens, as in padded vocabularies)."""
     import transformers
 
-    vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+    vocab = vocab or Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
     kwargs = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=512,

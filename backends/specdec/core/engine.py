@@ -298,29 +298,30 @@ class Engine:
         T = 1 + max(len(d) for d in drafts)
         B = len(seqs)
         starts = [s.cache_len for s in seqs]
-        # built as lists, one tensor each: per-row tensor writes cost ~4 operator calls a row
+        slots = [s.slot for s in seqs]
+        # [B, T] flattened, built as lists: per-row tensor writes cost ~4 operator calls a row
         pad = [T - 1 - len(d) for d in drafts]
-        tokens = torch.tensor([[s.tokens[-1]] + d.tokens + [0] * n for s, d, n in zip(seqs, drafts, pad)])
-        positions = torch.tensor([[st + x for x in [0] + d.depths()] + [st] * n for st, d, n in zip(starts, drafts, pad)])
+        tokens: list[int] = []
+        positions: list[int] = []
+        for s, d, n, st in zip(seqs, drafts, pad, starts):
+            tokens += [s.tokens[-1], *d.tokens] + [0] * n
+            positions += [st + x for x in [0, *d.depths()]] + [st] * n
         masks = None if all(d.is_chain() for d in drafts) else torch.stack([tree_mask(d, T) for d in drafts])
         # rows drafting fewer tokens than the longest are padded; the native decoder skips padding,
         # and the output head runs on the real tokens only (2 of 8 rows drafting 4 tokens: 16, not 40)
         lengths = [T - n for n in pad] if any(pad) else None
         ends = list(itertools.accumulate(lengths or [T] * B))  # each row's tokens end here among the real ones
+        # rows that are all greedy and past min_tokens read each token's argmax alone: the forward,
+        # head and argmax are one native call where the target runs natively (`greedy_step`)
+        greedy = all(s.params.greedy and len(s.output_ids) >= s.params.min_tokens for s in seqs)
         self._lap("inputs")
         t2 = time.perf_counter()
-        hidden = self.target(tokens.to(self.device), positions.to(self.device), self.cache,
-                             [s.slot for s in seqs], starts, None if masks is None else masks.to(self.device), lengths)
-        # logits [B, T, V], or [real tokens, V] for a padded batch; flattened, row b's are
-        # begins[b]:ends[b] in both. A padded batch's logits were scattered into a zeroed [B, T, V]:
-        # with one 2-token row among 8 plain ones the head and argmax took 125 us against 71 us for
-        # 8 plain rows (90 us now), a jump the policy's curve, interpolated between the plain and
-        # the full batch's token counts, does not see
-        if lengths is None:
-            logits = self.target.logits(hidden)
+        step = self.target.greedy_step(tokens, positions, B, T, self.cache, slots, starts, masks, lengths) if greedy else None
+        if step is not None:
+            hidden, argmax = step
+            logits = None
         else:
-            real = torch.arange(T, device=self.device) < torch.tensor(lengths, device=self.device)[:, None]
-            logits = self.target.logits(hidden[real])
+            hidden, logits = self._forward(tokens, positions, B, T, slots, starts, masks, lengths)
         t3 = time.perf_counter()
         self._lap("forward")
         m = self.metrics
@@ -331,9 +332,10 @@ class Engine:
         m.verify_tokens += tokens_run
         depths = [max(d.depths(), default=0) for d in drafts]
         accepted_n: list[int] = []
-        argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
-        if argmax and lengths is None:  # [B][T]: flattened as a padded batch's are
-            argmax = list(itertools.chain.from_iterable(argmax))
+        if step is None:
+            argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
+            if argmax and lengths is None:  # [B][T]: flattened as a padded batch's are
+                argmax = list(itertools.chain.from_iterable(argmax))
         flat = logits if lengths else None  # [tokens, V]; a [B, T, V] is flattened for the first sampled row
         begins = [0] + ends[:-1]
         self._lap("verify")
@@ -362,6 +364,23 @@ class Engine:
             seqs, ks, depths, accepted_n, backlogs, propose_seconds=t1 - t0, depth=max(depths),
             step_seconds=time.perf_counter() - t1, tokens=tokens_run))
         self._lap("policy")
+
+    def _forward(self, tokens: list[int], positions: list[int], B: int, T: int, slots: list[int], starts: list[int],
+                 masks: Tensor | None, lengths: list[int] | None) -> tuple[Tensor, Tensor]:
+        """The target's forward and logits for a step whose rows need logits (sampled, or owing
+        min_tokens) or that does not run natively: hidden [B, T, H] and logits [B, T, V], or
+        [real tokens, V] for a padded batch; flattened, row b's are begins[b]:ends[b] in both. A
+        padded batch's logits were scattered into a zeroed [B, T, V]: with one 2-token row among
+        8 plain ones the head and argmax took 125 us against 71 us for 8 plain rows (90 us now), a
+        jump the policy's curve, interpolated between the plain and the full batch's token counts,
+        does not see."""
+        hidden = self.target(torch.tensor(tokens, device=self.device).view(B, T),
+                             torch.tensor(positions, device=self.device).view(B, T), self.cache, slots, starts,
+                             None if masks is None else masks.to(self.device), lengths)
+        if lengths is None:
+            return hidden, self.target.logits(hidden)
+        real = torch.arange(T, device=self.device) < torch.tensor(lengths, device=self.device)[:, None]
+        return hidden, self.target.logits(hidden[real])
 
     def _count(self, seq: Sequence, draft: Draft, accepted: int) -> None:
         if not len(draft):

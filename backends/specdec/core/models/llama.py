@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
 from specdec.core.models.linear import InferenceLinear, one_row_packed
-from specdec.core.models.native import NativeDecoder
+from specdec.core.models.native import NativeChain, NativeDecoder
 
 
 class RMSNorm(nn.Module):
@@ -298,6 +298,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.head: InferenceLinear | None = None  # set by prepare_inference
         self.native: NativeDecoder | None = None  # set by prepare_inference where it can run
+        self.native_step: NativeChain | None = None  # ... and with it, embeddings and head (`greedy_step`)
         self.rope = RopeTable(config)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
@@ -332,6 +333,18 @@ class LlamaForCausalLM(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return (self.head or self.lm_head)(hidden)
 
+    def greedy_step(
+        self, tokens: list[int], positions: list[int], B: int, T: int, cache: KVCache, slots: list[int],
+        starts: list[int], tree_mask: Tensor | None = None, lengths: list[int] | None = None,
+    ) -> tuple[Tensor, list[int]] | None:
+        """`forward` over tokens [B, T] and positions [B, T], given flattened as lists, and the
+        argmax of each real token's logits in row order, in one native call: (hidden states,
+        argmax ids), the same as `forward` then `logits(...).argmax(-1)` gives. None where the
+        step cannot run natively (then the caller takes those two)."""
+        if self.native_step is None:
+            return None
+        return self.native_step.greedy_step(tokens, positions, B, T, self.rope, cache, slots, starts, tree_mask, lengths)
+
     def prepare_inference(self) -> None:
         """Fused, packed projections and output head (`linear.InferenceLinear`); training keeps the
         modules' own `nn.Linear`s."""
@@ -339,3 +352,4 @@ class LlamaForCausalLM(nn.Module):
         prepare_inference(self.model.layers, pack_one_row)
         self.head = InferenceLinear(self.lm_head.weight, pack_one_row=pack_one_row)
         self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)
+        self.native_step = NativeChain.build(self.native, self.model.embed_tokens.weight, self.head)

@@ -102,6 +102,8 @@ def library() -> ctypes.CDLL | None:
         matmul.argtypes = [p, i64, i64, p, p, i64, p]
     lib.specdec_greedy_draft.restype = ctypes.c_int
     lib.specdec_greedy_draft.argtypes = [p, p, i64, i64, p, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
+    lib.specdec_greedy_step.restype = ctypes.c_int
+    lib.specdec_greedy_step.argtypes = [p, p, i64, i64, p, p, p, p, p, p, i64, i64, p, p, p, p, i64, p, p]
     lib.specdec_set_threads.restype = ctypes.c_int
     lib.specdec_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -238,12 +240,14 @@ class _Chain(ctypes.Structure):
 
 
 class NativeChain:
-    """A greedy chain drafter's proposal as one native call (`decoder.c`'s `specdec_greedy_draft`):
-    its catch-up forward, then each depth's forward, output head and argmax, without returning
-    to Python. A draft model's one-token step was ~0.1 ms of Python around a ~0.02 ms native
-    forward. `decoder`: the drafter's layers (a draft model's with its final norm); `embed`: the
-    token embeddings [V, H]; `head`: the output head over a forward's output; `fc`: EAGLE's input
-    projection of (embedding, feature), whose output is the next feature."""
+    """A model's embeddings, layers and output head in one native call: a greedy chain drafter's
+    proposal (`__call__`, `decoder.c`'s `specdec_greedy_draft`: its catch-up forward, then each
+    depth's forward, output head and argmax, without returning to Python; a draft model's
+    one-token step was ~0.1 ms of Python around a ~0.02 ms native forward), or a target's step
+    for greedy rows (`greedy_step`). `decoder`: the model's layers (with its final norm, but
+    EAGLE's head); `embed`: the token embeddings [V, H]; `head`: the output head over a forward's
+    output; `fc`: EAGLE's input projection of (embedding, feature), whose output is the next
+    feature."""
 
     def __init__(self, decoder: NativeDecoder, embed: Tensor, head: "InferenceLinear",
                  fc: "InferenceLinear | None" = None) -> None:
@@ -275,6 +279,33 @@ class NativeChain:
         longest row, a batch of 8 sent every catch-up of a newcomer's prompt past 128 tokens to
         the eager layers (9 of 145 proposals of the draft model at 16 users' prompts, fixed k = 4)."""
         return all(s.params.greedy for s in drafting) and sum(map(len, pending)) <= NATIVE_MAX_ROWS
+
+    def greedy_step(self, tokens: list[int], positions: list[int], B: int, T: int, rope: "RopeTable",
+                    cache: "KVCache", slots: list[int], starts: list[int], tree_mask: Tensor | None,
+                    lengths: list[int] | None) -> tuple[Tensor, list[int]] | None:
+        """A target's forward over tokens [B, T] (flattened, right-padded: row b's first lengths[b]
+        are real; None: all) at `positions` (flattened) as `LlamaForCausalLM.forward` takes them,
+        and the argmax of each real token's logits, in row order, as the engine's greedy
+        verification reads them: (hidden states [B, T, H], padding zero; argmax ids). None where
+        the forward is not native (more than NATIVE_MAX_ROWS real tokens, a cache not float32)."""
+        if (B * T if lengths is None else sum(lengths)) > NATIVE_MAX_ROWS or cache.k.dtype != torch.float32:
+            return None
+        d = self.decoder
+        W = T if tree_mask is None else tree_mask.shape[-1]
+        cos, sin = rope.table(max(starts) + W, cache.k)
+        x = torch.empty(B, T, d.decoder.hidden)
+        out = (ctypes.c_int64 * (B * T if lengths is None else sum(lengths)))()
+        mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
+        i64 = ctypes.c_int64 * B
+        k, v = cache.k, cache.v
+        rc = d.lib.specdec_greedy_step(
+            d.decoder_ptr, self.chain_ptr, B, T, (ctypes.c_int64 * (B * T))(*tokens),
+            (ctypes.c_int64 * (B * T))(*positions), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
+            k.stride(0), k.stride(1), i64(*slots), i64(*starts), None if lengths is None else i64(*lengths),
+            None if mask is None else mask.data_ptr(), W, x.data_ptr(), out)
+        if rc != 0:
+            raise RuntimeError(f"native greedy step failed with code {rc}")
+        return x, list(out)
 
     def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],
                  draft_ks: list[int], rope: "RopeTable", cache: "KVCache", slots: list[int],

@@ -784,3 +784,47 @@ int specdec_greedy_draft(
     free(idx);
     return rc;
 }
+
+/* A target's greedy step in one call: each real token's embedding (`tokens` [B, T], right-padded,
+ * lengths[b] real in row b, or NULL: all T), the decoder forward as `specdec_decoder_forward`
+ * (causal, or under tree_mask [B, T, W]) into x [B, T, H] (padding zero), then the output head
+ * and argmax of every real token, in row order, into out. Its matmuls, forward and argmax are
+ * the ones the engine's step ran through torch and `specdec_matmul`, so hidden states and tokens
+ * are the same bit for bit; what goes is the Python and the operator calls around them (the
+ * embedding, the head's call, argmax, the input tensors: ~0.1 ms of a ~0.4 ms plain step of the
+ * demo kit's target at batch 1, most of it in caches the forward had just evicted). */
+int specdec_greedy_step(
+    const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
+    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
+    int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
+    const uint8_t *tree_mask, int64_t W, float *x, int64_t *out
+) {
+    const int64_t H = d->hidden, V = c->vocab;
+    if (V % 16 || c->fc) return -1;
+    int64_t R = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = lengths ? lengths[b] : T;
+        if (n < 0 || n > T) return -1;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t tok = tokens[b * T + i];
+            if (tok < 0 || tok >= V) return -3;
+            memcpy(x + (b * T + i) * H, c->embed + tok * H, H * sizeof(float));
+        }
+        R += n;
+    }
+    int rc = specdec_decoder_forward(d, x, B, T, positions, cos, sin, k_cache, v_cache, layer_stride,
+                                     slot_stride, slots, starts, lengths, tree_mask, W);
+    if (rc) return rc;
+    float *buf = malloc(sizeof(float) * (R * H + R * V));
+    if (!buf) return -2;
+    float *h = buf, *logits = buf + R * H;
+    for (int64_t b = 0, n = 0; b < B; b++) {  /* the real tokens' outputs, in order */
+        int64_t m = lengths ? lengths[b] : T;
+        memcpy(h + n * H, x + b * T * H, m * H * sizeof(float));
+        n += m;
+    }
+    matmul_any(c->head_f16, h, R, H, c->head, NULL, V, logits);
+    for (int64_t n = 0; n < R; n++) out[n] = argmax_row(logits + n * V, V, NULL, 0, 0);
+    free(buf);
+    return 0;
+}
