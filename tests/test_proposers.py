@@ -13,6 +13,7 @@ from specdec.core.engine_config import build_engine
 from specdec.core.errors import ConfigurationError
 from specdec.core.proposers.medusa import MC_SIM_7B_63
 from specdec.core.proposers import base
+from specdec.core.proposers import eagle as eagle_module
 from specdec.core.proposers.ngram import NgramIndex, lookup
 from specdec.core.sampling import SamplingParams
 from specdec.core.verify import TreeShape
@@ -292,3 +293,33 @@ def test_a_catch_up_of_one_long_row_among_short_ones_runs_natively(method, monke
         runs.append(([[d.tokens for d in step] for step in drafts], [r.token_ids for r in out]))
     assert any(padded > 48 and entries <= 48 and native_ran for padded, entries, native_ran in gated), gated
     assert runs[0] == runs[1]
+
+
+def test_a_paused_eagle_keeps_only_the_feature_blocks_its_window_can_feed(monkeypatch):
+    """A paused EAGLE sequence appends a block of true features every step; blocks wholly before
+    the catch-up's window (CATCH_UP_WINDOW, lowered to 24 here) are dropped at once, as the
+    window's restart drops them, so a long pause holds at most a window of them (it held every
+    step's). The drafts after the pause, the outputs and the head's cache are the same as when
+    every block is kept until the catch-up."""
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+
+    monkeypatch.setattr(base, "CATCH_UP_WINDOW", 24)
+    monkeypatch.setattr(eagle_module, "CATCH_UP_WINDOW", 24)
+    runs, held = [], []
+    for trim in (True, False):
+        eng = build_engine(EngineConfig.of(method="eagle", max_batch=2, policy="fixed", k=4, **kit_paths(DEMO_KIT)))
+        p = eng.proposer
+        if not trim:
+            p.commit = lambda seq, path, features: p.pending[seq.slot].append((1 + len(path), features))
+        rounds = iter(range(10**9))
+        eng.policy.choose = lambda seqs: [0 if 2 <= next(rounds) // 2 % 60 < 50 else 4 for _ in seqs]  # pauses of ~100 steps
+        spy, drafts = p.propose, []
+        p.propose = lambda seqs, ks: drafts.append(spy(seqs, ks)) or drafts[-1]
+        commit = p.commit
+        p.commit = lambda seq, path, f: commit(seq, path, f) or held.append((trim, sum(n for n, _ in p.pending[seq.slot])))
+        out = eng.generate(prompts(2, seed=3), SamplingParams(max_tokens=150, ignore_eos=True))
+        runs.append(([[d.tokens for d in step] for step in drafts], [r.token_ids for r in out], p.cache.k.clone()))
+    assert max(n for t, n in held if t) < 24 + 5 < max(n for t, n in held if not t)
+    assert runs[0][:2] == runs[1][:2] and any(map(any, runs[0][0]))
+    assert torch.equal(runs[0][2], runs[1][2])

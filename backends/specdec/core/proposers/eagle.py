@@ -26,7 +26,7 @@ from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
-from specdec.core.proposers.base import (catch_up_length, catch_up_rows, eos_until, next_draft_tokens, restart_at_window,
+from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, next_draft_tokens, restart_at_window,
                                         window_positions)
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
@@ -76,7 +76,14 @@ class EagleProposer:
     def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
         # joining a growing tensor every round of a long pause cost O(pause) per round)
-        self.pending[seq.slot].append((1 + len(path), features))
+        blocks, slot = self.pending[seq.slot], seq.slot
+        blocks.append((1 + len(path), features))
+        # a block wholly before the window a catch-up feeds is never made: dropped now, as the
+        # window's restart (`restart_at_window`) would drop it, so that a paused sequence does not
+        # hold every step's hidden states until it drafts or ends (each block keeps its step's
+        # whole [B, T, H]: on a 4096-wide model at batch 8, 128 KB a plain step)
+        while len(seq.tokens) - 1 - self.fed[slot] - blocks[0][0] >= CATCH_UP_WINDOW:
+            self.fed[slot] = self.shift[slot] = self.fed[slot] + blocks.pop(0)[0]
 
     def release(self, slot: int) -> None:
         self.fed.pop(slot, None)
