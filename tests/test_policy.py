@@ -333,15 +333,16 @@ def plain_until_drafting(p: Policy, batch: list[Sequence], step_seconds: float) 
     return ks
 
 
-def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float, fed: int = 1) -> list[int]:
+def probe_step(p: Policy, batch: list[Sequence], propose_seconds: float, fed: int = 1, step_seconds: float = 0.0) -> list[int]:
     """Run the policy to its next probe and report that probe's proposal time, which fed each
-    drafting row `fed` entries first, then the follow-up that drafts the caught-up rows again (in
-    sync, at the probe's time); the probe's ks."""
+    drafting row `fed` entries first, and its step's (verification and the rest), then the
+    follow-up that drafts the caught-up rows again (in sync, at the probe's time); the probe's ks."""
     while True:
         ks = p.choose(batch)
         if any(ks):
             p.observe(StepRecord(batch, ks, [min(k, 1) for k in ks], [0] * len(ks), [fed if k else 0 for k in ks],
-                                 propose_seconds=propose_seconds, depth=1, tokens=len(batch) + sum(ks)))
+                                 propose_seconds=propose_seconds, depth=1, tokens=len(batch) + sum(ks),
+                                 step_seconds=step_seconds))
             if p.follow_up is not None:
                 again = p.choose(batch)
                 assert again == ks  # the same rows, as deep
@@ -447,6 +448,22 @@ def test_a_probe_over_budget_at_batch_1_spaces_the_next_as_far_as_the_budget_nee
     assert p.probe_gap == LONGEST_PROBE_GAP
     p.cost = memory_bound()
     assert min(p.choose(batch)) > 0 and p.probe_gap == PROBE_EVERY and p.affordable_gap == 0
+
+
+def test_a_probes_verification_beyond_a_plain_step_counts_against_its_budget(monkeypatch):
+    """A probe costs its proposal and its verification beyond a plain step: Medusa's proposal is a
+    tenth of a plain step and its tree's verification 2-3x one. Here the proposal takes 100 steps'
+    budget and the verification 200 more: the next probe goes 300 steps on, not 100 (which at
+    MAX_PROBE_GAP put probes at 4% of a paused Medusa's steps at batch 1)."""
+    monkeypatch.setattr(policy, "LOAD_RATE", 0.0)  # the probes' steps leave the load alone
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(p, 1, 0.6)
+    plain = p.cost.verify(1)
+    budget = PROBE_BUDGET * plain
+    probe_step(p, batch, 0.0, step_seconds=plain)
+    probe_step(p, batch, 100 * budget, fed=0, step_seconds=plain + 200 * budget)
+    assert p.probe_gap == 300 and p.next_probe == p.steps + 300
 
 
 @pytest.mark.parametrize("per_entry, gap", [(0.5, 200), (10.0, 10 * policy.CATCH_UP_WINDOW + 100)])

@@ -941,11 +941,16 @@ class Policy:
         if drafted and self.cost is not None:  # a probe while speculation was off
             # what probing every row would have cost (a narrow probe drafted one), spread over the
             # steps since the last probe: while speculation stays off, all of it is overhead
-            budget = PROBE_BUDGET * self.cost.verify(len(step.seqs))  # per step covered
-            probe = step.propose_seconds * len(step.seqs) / len(drafted)
+            plain = self.cost.verify(len(step.seqs))
+            budget = PROBE_BUDGET * plain  # per step covered
+            # the probe's cost: its proposal and its verification beyond a plain step's (Medusa's
+            # proposal is a tenth of a plain step, its 3-node tree's verification 2-3x one: counting
+            # the proposal alone, probes every MAX_PROBE_GAP steps took 4% of a paused batch of one)
+            cost = step.propose_seconds + max(step.step_seconds - plain, 0.0)
+            probe = cost * len(step.seqs) / len(drafted)
             self.narrow_probes = probe / self.probing_off > budget
             fed = [b for b, k in zip(step.backlogs, step.ks) if k > 0]
-            self.affordable_gap = self.affordable_probe_gap(step.propose_seconds / len(drafted), sum(fed) / len(fed), budget)
+            self.affordable_gap = self.affordable_probe_gap(cost / len(drafted), sum(fed) / len(fed), budget)
             self.probe_gap = max(self.probe_gap, self.budget_gap())  # from this probe on, not the next
             self.next_probe = self.steps + self.probe_gap
         if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
