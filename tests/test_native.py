@@ -373,6 +373,24 @@ def test_engines_with_the_one_call_greedy_step_stream_what_they_do_without_it(me
     assert torch.equal(runs[0][3], runs[1][3])
 
 
+def test_the_start_up_calibration_times_the_call_greedy_steps_take(monkeypatch):
+    """An adaptive engine's verify curve starts from forwards timed as its greedy steps run them
+    (`Engine.probe_forward` through `greedy_step`): timed through the separate forward, head and
+    argmax, a one-token forward carried ~0.1 ms those steps no longer pay on the demo kit, and the
+    curve put 4 tokens at 1.24x one where greedy steps ran 2.4x."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.models.llama import LlamaForCausalLM
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+
+    sizes, step = [], LlamaForCausalLM.greedy_step
+    monkeypatch.setattr(LlamaForCausalLM, "greedy_step",
+                        lambda self, tokens, *a, **k: sizes.append(len(tokens)) or step(self, tokens, *a, **k))
+    eng = build_engine(EngineConfig.of(method="ngram", max_batch=2, policy="adaptive", k=4, **kit_paths(DEMO_KIT)))
+    assert set(eng.policy.cost.token_counts) <= set(sizes)
+
+
 def test_switched_off_or_without_a_compiler_every_forward_is_eager(tiny_target, monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     try:
