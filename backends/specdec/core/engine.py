@@ -316,9 +316,9 @@ class Engine:
         greedy = all(s.params.greedy and len(s.output_ids) >= s.params.min_tokens for s in seqs)
         self._lap("inputs")
         t2 = time.perf_counter()
-        step = self.target.greedy_step(tokens, positions, B, T, self.cache, slots, starts, masks, lengths) if greedy else None
-        if step is not None:
-            hidden, argmax = step
+        one_call = self.target.greedy_step(tokens, positions, B, T, self.cache, slots, starts, masks, lengths) if greedy else None
+        if one_call is not None:
+            hidden, argmax = one_call
             logits = None
         else:
             hidden, logits = self._forward(tokens, positions, B, T, slots, starts, masks, lengths)
@@ -332,7 +332,7 @@ class Engine:
         m.verify_tokens += tokens_run
         depths = [max(d.depths(), default=0) for d in drafts]
         accepted_n: list[int] = []
-        if step is None:
+        if one_call is None:
             argmax = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None  # one call for all
             if argmax and lengths is None:  # [B][T]: flattened as a padded batch's are
                 argmax = list(itertools.chain.from_iterable(argmax))

@@ -26,8 +26,8 @@ from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
-from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, next_draft_tokens, restart_at_window,
-                                        window_positions)
+from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, next_draft_tokens,
+                                        restart_at_window, window_positions)
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch

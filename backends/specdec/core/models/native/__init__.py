@@ -288,13 +288,14 @@ class NativeChain:
         and the argmax of each real token's logits, in row order, as the engine's greedy
         verification reads them: (hidden states [B, T, H], padding zero; argmax ids). None where
         the forward is not native (more than NATIVE_MAX_ROWS real tokens, a cache not float32)."""
-        if (B * T if lengths is None else sum(lengths)) > NATIVE_MAX_ROWS or cache.k.dtype != torch.float32:
+        real = B * T if lengths is None else sum(lengths)
+        if real > NATIVE_MAX_ROWS or cache.k.dtype != torch.float32:
             return None
         d = self.decoder
         W = T if tree_mask is None else tree_mask.shape[-1]
         cos, sin = rope.table(max(starts) + W, cache.k)
         x = torch.empty(B, T, d.decoder.hidden)
-        out = (ctypes.c_int64 * (B * T if lengths is None else sum(lengths)))()
+        out = (ctypes.c_int64 * real)()
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
         i64 = ctypes.c_int64 * B
         k, v = cache.k, cache.v
