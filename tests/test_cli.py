@@ -49,6 +49,7 @@ def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, cap
         steps = f["step_ms"]
         assert steps["forward"] > 0 and steps["step"] >= steps["forward"] + steps["draft"]
         assert f"| {f['batch']} | {f['method']} | {steps['step']:.2f} |" in out  # the profile table
+        assert f["speedup_interval"] is None  # one repeat: no spread to read an interval from
 
 
 def run_bench(kit, tmp_path, capsys, *args: str) -> tuple[list[dict], str]:  # noqa: F811
@@ -70,6 +71,14 @@ def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):
     # policy pauses it and drafts in its probes only (2 deep)
     fixed, adaptive = (next(f for f in figures if f["label"] == f"draft/{p}") for p in ("fixed", "adaptive"))
     assert fixed["mean_draft_tokens"] == 4.0 and adaptive["mean_draft_tokens"] < 4.0
+    # two repeats: each ratio's 90% interval holds both per-repeat ratios (so their median), and
+    # the baseline's own is exactly 1
+    for f in figures:
+        low, high = f["speedup_interval"]
+        lowest, highest = f["speedup_range"]
+        assert low <= lowest <= f["speedup"] <= highest <= high
+        assert f"| {f['speedup_range'][0]:.2f}-{f['speedup_range'][1]:.2f} | [{low:.2f}, {high:.2f}] |" in out
+    assert figures[0]["speedup_interval"] == pytest.approx([1.0, 1.0])
 
 
 @pytest.mark.parametrize("flag, value, message", [
