@@ -81,6 +81,26 @@ def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):
     assert figures[0]["speedup_interval"] == pytest.approx([1.0, 1.0])
 
 
+def test_bench_runs_an_aa_pair_and_shuffles_each_repeats_order(kit, tmp_path, capsys):  # noqa: F811
+    """--aa runs a second baseline engine as a method (its greedy tokens the baseline's, its ratio
+    an A/A reading of the run's noise), and no engine follows the same neighbour in every repeat."""
+    figures, out = run_bench(kit, tmp_path, capsys, "--methods", "ngram", "--repeats", "4", "--batch-sizes", "1",
+                             "--policy", "fixed", "--aa")
+    assert [(f["label"], f["method"]) for f in figures] == [
+        ("baseline", "baseline"), ("baseline_aa", "baseline"), ("ngram", "ngram")]
+    aa = figures[1]
+    assert aa["identical_share"] == 1.0 and aa["mean_accepted_length"] == pytest.approx(1.0)
+    low, high = aa["speedup_interval"]
+    assert low <= aa["speedup"] <= high and f"| 1 | baseline_aa | {aa['tokens_per_s']:.1f} |" in out
+    runs = [line.split()[4] for line in out.splitlines() if line.strip().startswith("batch 1 repeat")]
+    orders = [runs[i : i + 3] for i in range(0, len(runs), 3)]
+    assert len(orders) == 4 and all(sorted(o) == ["baseline", "baseline_aa", "ngram"] for o in orders)
+    # the engine run right before each one (when it is not first): rotating one order gave each a
+    # single such neighbour in every repeat
+    before = {name: {o[o.index(name) - 1] for o in orders if o.index(name)} for name in orders[0]}
+    assert any(len(neighbours) > 1 for neighbours in before.values()), orders
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--policies", "fixed,greedy", "--policies: policy must be one of adaptive, fixed, got 'greedy'"),
     ("--batch-sizes", "1,x", "--batch-sizes must be whole numbers separated by commas, got '1,x'"),

@@ -96,7 +96,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
           f"batch sizes {sizes}, k={cfg.proposer.k} ({', '.join(policies)}), {a.repeats} interleaved repeats, "
           f"{cfg.runtime.device} {cfg.runtime.dtype}")
-    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer, policies=policies)
+    figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer, policies=policies,
+                    aa=a.aa, seed=a.seed)
     print(table(figures))
     if a.peer:
         print(f"\n{a.peer} peer, interleaved with specdec (same checkpoints, prompt ids, k):")
@@ -143,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--band", default="short", choices=["short", "long"])
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="the held-out prompts drawn and the order of each repeat's runs")
     b.add_argument("--json", help="also write the figures to this JSON file")
     b.add_argument("--profile", action="store_true", help="also split a decode step's time by phase, per method")
     b.add_argument("--policies", help="comma-separated draft-length policies (fixed,adaptive): every method runs "
                    "under each, interleaved in the same repeats (overrides --policy)")
+    b.add_argument("--aa", action="store_true", help="also run a second baseline engine (baseline_aa) as a method: "
+                   "an A/A pair showing what two identical engines differ by in this run")
     b.add_argument("--peer", choices=["hf"], help="also run HF transformers' plain, assisted and prompt-lookup "
                    "generation on the same checkpoints, interleaved, and print the ratios")
     b.set_defaults(func=cmd_bench)

@@ -1,6 +1,6 @@
 """`specdec bench`: baseline vs every method, side by side in one run, on the same checkpoints and prompts.
 
-Runs are interleaved (repeat r runs every method once before repeat r + 1, in an order rotated
+Runs are interleaved (repeat r runs every method once before repeat r + 1, in an order shuffled
 every repeat), so machine noise hits all methods alike; speedups are medians of per-repeat ratios,
 beside the 90% interval of their geometric mean (Student's t over repeats, as the load test's
 verdicts use), so a run says whether a ratio clears a line such as 0.95x. Besides tokens/s it prints what
@@ -14,6 +14,7 @@ happened (fp32 batch shapes can flip a near-tie).
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine, freeze_heap
 from specdec.tools.kit.evaluate import distinct_n
 from specdec.tools.loadtest.intervals import paired_ratio
+from specdec.tools.loadtest.matrix import aa_name
 from specdec.tools.peer_hf import PAIRS, HFPeer
 from specdec.core.policy import CostModel
 from specdec.core.sampling import SamplingParams
@@ -152,15 +154,27 @@ def variants(methods: list[str], policies: list[str]) -> dict[str, tuple[str, st
 
 def bench(
     base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
-    repeats: int, log=print, peer: str | None = None, policies: list[str] | None = None,
+    repeats: int, log=print, peer: str | None = None, policies: list[str] | None = None, aa: bool = False,
+    seed: int = 0,
 ) -> list[MethodFigures]:
     """`policies` (default: the base config's): with more than one, every speculative method runs
     under each, interleaved in the same repeats, so adaptive and fixed k are compared side by side
     (two runs, one per policy, each against its own baseline, differed by more than the machine's
-    drift lets two runs be compared: 1.19x against 1.55x for the draft model at batch 1)."""
+    drift lets two runs be compared: 1.19x against 1.55x for the draft model at batch 1).
+
+    `aa`: a second baseline engine (`baseline_aa`) runs as a method too, an A/A pair whose ratio
+    shows what two identical engines differ by in this run: on a 2-core EPYC, five baseline
+    engines at batch 8 read 0.98-1.04x each other (one interval [1.01, 1.09]), as much as a paused
+    method's whole cost. `seed` orders each repeat's runs (a fresh shuffle per repeat: rotating one
+    order put every method after the same neighbour in every repeat)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     figures: list[MethodFigures] = []
-    labels = variants(methods, policies or [base.scheduler.policy])
+    policies = policies or [base.scheduler.policy]
+    labels = variants(methods, policies)
+    if aa:
+        labels = {"baseline": labels["baseline"], aa_name("baseline"): ("baseline", policies[0]),
+                  **{k: v for k, v in labels.items() if k != "baseline"}}
+    order = random.Random(seed)
     for batch in batch_sizes:
         engines = {label: build_engine(base.with_(method=m, max_batch=batch, policy=p)) for label, (m, p) in labels.items()}
         freeze_heap()
@@ -182,10 +196,11 @@ def bench(
         for p in peers:  # warm-up
             hf.run(p, prompt_ids[:batch], batch, 8)
         for r in range(repeats):
-            # the order rotates every repeat: a method always run right after the baseline (or
-            # always first) would carry whatever the machine does at that point of a round
+            # a fresh order every repeat: a method always run right after the baseline (or always
+            # first, or always after the same neighbour) would carry whatever the machine does there
             names = list(engines)
-            for m in names[r % len(names):] + names[: r % len(names)]:
+            order.shuffle(names)
+            for m in names:
                 eng = engines[m]
                 s, outputs[m], stats[m] = run_once(eng, prompts, params)
                 seconds[m].append(s)
