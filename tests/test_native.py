@@ -31,6 +31,30 @@ def test_without_avx512_at_most_64_rows_run_natively(monkeypatch):
     monkeypatch.setattr(native, "_cpu_signature", lambda: "x86_64flags\t: fpu avx2 avx512f avx512bw")
     assert native._max_rows() == 1024
 
+def test_without_avx512_a_wider_forward_runs_natively_at_one_thread_while_its_rows_are_short(monkeypatch):
+    """Prefills of the load test's prompts (24-165 tokens) ran eager past 64 rows on an AVX2 CPU,
+    where the native forward is 1.2-1.5x faster at one thread; a row of 512 tokens, or two threads,
+    is faster eager (`native.runs_natively`)."""
+    monkeypatch.setattr(native, "NATIVE_MAX_ROWS", 64)
+    monkeypatch.setattr(native, "_threads", 1)
+    assert native.runs_natively(64, 64)
+    assert native.runs_natively(80, 80) and native.runs_natively(4 * 80, 80) and native.runs_natively(8 * 128, 128)
+    assert not native.runs_natively(300, 300)
+    assert not native.runs_natively(1025, 100)
+    monkeypatch.setattr(native, "_threads", 2)
+    assert native.runs_natively(64, 64) and not native.runs_natively(80, 80)
+
+
+def test_the_pool_threads_set_are_the_ones_that_decide(monkeypatch):
+    monkeypatch.setattr(native, "_threads", native._threads)
+    native.set_threads(2)
+    try:
+        assert native._threads == 2
+    finally:
+        native.set_threads(1)
+    assert native._threads == 1
+
+
 PREFIX = [37, 21]  # two sequences' committed lengths (different: per-row starts and masks; the
 # attention scores a committed prefix 16 keys at a time with AVX-512, else 8, then key by key:
 # both run in each)

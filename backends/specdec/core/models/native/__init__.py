@@ -4,8 +4,8 @@ An eager forward of the demo kit's target makes ~125 PyTorch operator calls per 
 these model sizes their fixed cost is most of a step. `NativeDecoder` runs a model's layers for
 a few rows of new tokens in one C call instead. The C source is compiled once per machine with
 the system's C compiler (`cc -O3 -march=native`) into `native_cache_dir()`; where there is no
-compiler, or `SPECDEC_NATIVE=0`, every forward stays eager. Prefills and catch-ups up to
-`NATIVE_MAX_ROWS` rows run natively too.
+compiler, or `SPECDEC_NATIVE=0`, every forward stays eager. Prefills and catch-ups run natively
+too where `runs_natively` says so.
 """
 
 from __future__ import annotations
@@ -70,6 +70,26 @@ def _max_rows() -> int:
 # (interleaved, ms): 3.78 / 5.29 for 4 x 5, 7.28 / 9.06 for 8 x 5, 5.91 / 7.24 for 1 x 32, 11.5 /
 # 12.5 for 1 x 64, 23.2 / 23.3 for 1 x 128: the cap there is 64 rows, where it was 16.
 NATIVE_MAX_ROWS = _max_rows()
+# Without AVX-512, a forward of more rows (a prefill, a long catch-up) still runs natively at one
+# thread while no row has more than WIDE_ROW_TOKENS tokens, up to WIDE_MAX_ROWS rows: a row's
+# attention costs the native loop per query and key (~11 cycles a key and head), so past a few
+# hundred tokens a row the eager layers' batched attention wins, and at two threads the eager
+# layers scale where the native forward did not. Prefill of the kit's target at one thread on an
+# AVX2 EPYC (interleaved, ms, eager / native): 11.2 / 7.1 for 1 x 80, 15.5 / 12.3 for 1 x 128,
+# 20.4 / 16.4 for 1 x 165, 35.8 / 28.0 for 4 x 80, 35.4 / 34.0 for 1 x 256, 102 / 95 for 8 x 128,
+# but 70 / 81 for 1 x 512 and 173 / 254 for 1 x 1000; at two threads (separate processes) 1 x 165
+# 12-13 / 17-29, 4 x 80 19-21 / 23-37. The load test's prompts are 24-165 tokens, and prefill was
+# 45-52% of a served baseline's engine time at 4 and 16 users.
+WIDE_ROW_TOKENS = 256
+WIDE_MAX_ROWS = 1024
+_threads = 1  # the pool's, as `set_threads` last set it
+
+
+def runs_natively(rows: int, longest: int) -> bool:
+    """Whether a forward of `rows` real tokens, `longest` of them in one row, runs natively:
+    the one place that decides it for a model's forward, a target's greedy step and a chain
+    drafter's proposal (above: NATIVE_MAX_ROWS, WIDE_ROW_TOKENS)."""
+    return rows <= NATIVE_MAX_ROWS or (_threads == 1 and rows <= WIDE_MAX_ROWS and longest <= WIDE_ROW_TOKENS)
 
 
 @cache
@@ -112,9 +132,10 @@ def library() -> ctypes.CDLL | None:
 def set_threads(threads: int) -> None:
     """Threads each native matmul and attention splits its work over (the runtime's `threads`,
     as torch's): results are the one-thread ones bit for bit. No-op where native decoding is off."""
+    global _threads
     lib = library()
     if lib is not None:
-        lib.specdec_set_threads(threads)
+        _threads = lib.specdec_set_threads(threads)
 
 
 class _Layer(ctypes.Structure):
@@ -230,7 +251,9 @@ class NativeDecoder:
         """Whether this forward runs natively: float32 on CPU (the cache too), few enough real
         rows (`lengths`: each row's real tokens; None: all; padding is not computed)."""
         rows = x.shape[0] * x.shape[1] if lengths is None else sum(lengths)
-        return x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu" and rows <= NATIVE_MAX_ROWS
+        longest = x.shape[1] if lengths is None else max(lengths)
+        return (x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu"
+                and runs_natively(rows, longest))
 
 
 class _Chain(ctypes.Structure):
@@ -278,7 +301,7 @@ class NativeChain:
         Its entries, not its padded rows: the native forward skips padding, and gated on rows x the
         longest row, a batch of 8 sent every catch-up of a newcomer's prompt past 128 tokens to
         the eager layers (9 of 145 proposals of the draft model at 16 users' prompts, fixed k = 4)."""
-        return all(s.params.greedy for s in drafting) and sum(map(len, pending)) <= NATIVE_MAX_ROWS
+        return all(s.params.greedy for s in drafting) and runs_natively(sum(map(len, pending)), max(map(len, pending), default=0))
 
     def greedy_step(self, tokens: list[int], positions: list[int], B: int, T: int, rope: "RopeTable",
                     cache: "KVCache", slots: list[int], starts: list[int], tree_mask: Tensor | None,
@@ -287,9 +310,9 @@ class NativeChain:
         are real; None: all) at `positions` (flattened) as `LlamaForCausalLM.forward` takes them,
         and the argmax of each real token's logits, in row order, as the engine's greedy
         verification reads them: (hidden states [B, T, H], padding zero; argmax ids). None where
-        the forward is not native (more than NATIVE_MAX_ROWS real tokens, a cache not float32)."""
+        the forward is not native (`runs_natively`, a cache not float32)."""
         real = B * T if lengths is None else sum(lengths)
-        if real > NATIVE_MAX_ROWS or cache.k.dtype != torch.float32:
+        if not runs_natively(real, T if lengths is None else max(lengths)) or cache.k.dtype != torch.float32:
             return None
         d = self.decoder
         W = T if tree_mask is None else tree_mask.shape[-1]
