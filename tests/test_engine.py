@@ -358,6 +358,20 @@ def test_a_servers_response_cost_is_counted_and_reaches_the_adaptive_policy(kit)
     assert fixed.policy.cost is None and fixed.metrics.response_outputs == 6
 
 
+def test_outputs_that_shared_a_response_are_not_charged_as_responses(kit):
+    """Where the sender fell behind, a stream's Outputs left together: a step fewer would have
+    saved no response. 6 Outputs in 2 responses of 3: no charge; 4 in 3 responses, 2 of them
+    alone: a response's cost (1 ms) for half of the Outputs. Charged per Output regardless, the
+    draft model served at 4 and 16 users drafted at a loss (`Engine.note_responses`)."""
+    shared = engine(kit, "draft", max_batch=2, max_context=64, policy="adaptive")
+    shared.note_responses(0.003, 6, 2, 0)
+    assert shared.metrics.response_seconds == 0.003 and shared.metrics.response_outputs == 6
+    assert shared.policy.cost.output_per_row == 0.0
+    mixed = engine(kit, "draft", max_batch=2, max_context=64, policy="adaptive")
+    mixed.note_responses(0.003, 4, 3, 2)
+    assert mixed.policy.cost.output_per_row == pytest.approx(0.0005 / mixed.policy.cost.load)
+
+
 def test_a_huge_prompt_is_refused_before_tokenizing(kit):
     eng = engine(kit, max_context=64)
     bound = 63 * eng.tokenizer.max_token_chars

@@ -450,14 +450,25 @@ class Engine:
             hidden = self.target(tokens, positions, self.cache, list(range(rows)), [start] * rows)
             self.target.logits(hidden).argmax(-1).tolist()
 
-    def note_responses(self, seconds: float, outputs: int) -> None:
-        """A server's sender thread spent `seconds` of CPU sending the responses of `outputs`
-        Outputs (one per running sequence and step): counted, and charged by the adaptive policy
-        to every row of every step (`CostModel.observe_output`). Called from that thread."""
+    def note_responses(self, seconds: float, outputs: int, responses: int | None = None, alone: int | None = None) -> None:
+        """A server's sender thread spent `seconds` of CPU sending `responses` responses carrying
+        `outputs` Outputs (one per running sequence and step), `alone` of them each in a response
+        of its own (None: every Output its own response): counted, and charged by the adaptive
+        policy to every row of every step (`CostModel.observe_output`) as what one Output fewer
+        saves: a response's cost where it went alone, nothing where it shared one. Where the sender
+        falls behind the engine, a stream's Outputs pile up and leave as one response, and a step
+        fewer makes no response fewer: served at 4 and 16 users the baseline's responses carried
+        3.4-3.5 tokens, a drafting model's 2.9-3.3 (its longer steps let the sender keep up).
+        Charged per Output regardless, as before, the draft model read 0.92-0.94x the baseline's
+        tokens/s there, 0.95-1.06x uncharged, 0.93-0.95x charged this way (load tests of 6
+        rounds, intervals about +-0.07: docs/benchmarks.md). At one user, where drafting made
+        responses carry 2.7-3.4 tokens against 2.2-2.3, the charge pays (1.04-1.10x against
+        1.02x uncharged). Called from that thread."""
         self.metrics.response_seconds += seconds
         self.metrics.response_outputs += outputs
         if self.policy.cost is not None and outputs:
-            self.policy.cost.observe_output(seconds / outputs)
+            per_response = seconds / (responses or outputs)
+            self.policy.cost.observe_output(per_response * (outputs if alone is None else alone) / outputs)
 
     def time_proposals(self, rounds: int = 2) -> list[tuple[int, int, float]]:
         """(rows, depth, seconds): the fastest in-sync proposal for one row and for a full batch at

@@ -350,9 +350,9 @@ class CostModel:
         self.catch_up_per_entry = statistics.median(self.catch_up_samples)
 
     def observe_output(self, seconds: float) -> None:
-        """What the server spent outside the engine on one row's output of one step (its response:
-        built, sent to tritonserver; measured as the sender thread's CPU time), averaged over recent
-        ones. Every step pays it for every row, so a step that commits more tokens a row makes
+        """What the server spends outside the engine on one row's output of one step (its response:
+        built, sent to tritonserver; measured as the sender thread's CPU time, nothing for an output
+        that shared a response: `Engine.note_responses`), averaged over recent ones. Every step pays it for every row, so a step that commits more tokens a row makes
         fewer of them: served at one user, where responses cost the stub 0.17-0.3 ms CPU a step
         beside a 0.6-1.1 ms engine step on the same two cores, EAGLE gained 1.44x the baseline
         while drafting, and an engine whose policy saw its step alone judged that a loss and paused."""

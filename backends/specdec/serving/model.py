@@ -289,7 +289,8 @@ class TritonPythonModel:
                     stream.deliver(outs)  # catches its own errors; this is the last line of defence
                 except Exception:
                     pb_utils.Logger.log_error(f"specdec: sender: {traceback.format_exc()}")
-            self.engine.note_responses(time.thread_time() - cpu, sum(map(len, groups.values())))
+            alone = sum(1 for outs in groups.values() if len(outs) == 1)
+            self.engine.note_responses(time.thread_time() - cpu, sum(map(len, groups.values())), len(groups), alone)
             if None in batch:
                 return
 
