@@ -358,6 +358,17 @@ def test_a_servers_response_cost_is_counted_and_reaches_the_adaptive_policy(kit)
     assert fixed.policy.cost is None and fixed.metrics.response_outputs == 6
 
 
+def test_an_adaptive_engines_steps_carry_the_policys_own_time(kit):
+    """Each step hands the policy what its choice for the step and its observation of the step
+    before took (`StepRecord.policy_seconds`), counted with the proposal's time."""
+    eng = engine(kit, "ngram", max_batch=2, max_context=64, policy="adaptive")
+    records, observe = [], eng.policy.observe
+    eng.policy.observe = lambda step: records.append(step) or observe(step)
+    eng.generate(["def f(x):", "import os"], SamplingParams(max_tokens=16, ignore_eos=True))
+    assert len(records) >= 8 and all(r.policy_seconds > 0 for r in records)
+    assert all(r.proposal_seconds == r.propose_seconds + r.policy_seconds for r in records)
+
+
 def test_outputs_that_shared_a_response_are_not_charged_as_responses(kit):
     """Where the sender fell behind, a stream's Outputs left together: a step fewer would have
     saved no response. 6 Outputs in 2 responses of 3: no charge; 4 in 3 responses, 2 of them

@@ -114,6 +114,7 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.lap_start = time.perf_counter()
+        self.observed_seconds = 0.0  # the policy's observation of the last step
         if self.adaptive:
             cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
             cost.start_proposals(self.time_proposals())
@@ -287,7 +288,9 @@ class Engine:
 
     def _decode(self) -> None:
         seqs = list(self.running)
+        chosen = time.perf_counter()
         ks = self.policy.choose(seqs)
+        chosen = time.perf_counter() - chosen
         self._lap("policy")
         proposing = self.proposer is not None and any(ks)
         backlogs = [self.proposer.backlog(s) if k else 0 for s, k in zip(seqs, ks)] if proposing else []
@@ -360,9 +363,11 @@ class Engine:
             if running and self.proposer is not None:
                 self.proposer.commit(seq, verdict.path, lambda b=b, offsets=offsets: accepted_features(hidden[b], offsets))
                 self._lap("commit")
+        t4 = time.perf_counter()
         self.policy.observe(StepRecord(
             seqs, ks, depths, accepted_n, backlogs, propose_seconds=t1 - t0, depth=max(depths),
-            step_seconds=time.perf_counter() - t1, tokens=tokens_run))
+            step_seconds=t4 - t1, tokens=tokens_run, policy_seconds=chosen + self.observed_seconds))
+        self.observed_seconds = time.perf_counter() - t4  # charged to the next step (`StepRecord.policy_seconds`)
         self._lap("policy")
 
     def _forward(self, tokens: list[int], positions: list[int], B: int, T: int, slots: list[int], starts: list[int],

@@ -6,7 +6,8 @@ favour, the policy drafts at a loss and nothing it measures says so: served at 4
 (`make demo`, 2 cores), adaptive EAGLE drafted nearly every step at 0.82-0.84x of the baseline's
 tokens/s while its model rated drafting 1.23x the plain rate; the served throughput of every
 method tracked its engine time per committed token. So the guard keeps, per batch size, the
-committed tokens and engine seconds (proposal and step) of the recent steps of each regime:
+committed tokens and engine seconds (proposal, the policy's own time, step:
+`StepRecord.proposal_seconds`) of the recent steps of each regime:
 drafting (every step the policy drafted by its own choice, with the catch-ups of newcomers and
 resumes, the probes and anchors' first plain steps that drafting brings) and plain (settled
 plain steps: a paused batch's, and the last of each anchor's, which is where a drafting batch
