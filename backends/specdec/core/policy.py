@@ -352,10 +352,11 @@ class CostModel:
     def observe_output(self, seconds: float) -> None:
         """What the server spends outside the engine on one row's output of one step (its response:
         built, sent to tritonserver; measured as the sender thread's CPU time, nothing for an output
-        that shared a response: `Engine.note_responses`), averaged over recent ones. Every step pays it for every row, so a step that commits more tokens a row makes
-        fewer of them: served at one user, where responses cost the stub 0.17-0.3 ms CPU a step
-        beside a 0.6-1.1 ms engine step on the same two cores, EAGLE gained 1.44x the baseline
-        while drafting, and an engine whose policy saw its step alone judged that a loss and paused."""
+        that shared a response: `Engine.note_responses`), averaged over recent ones. Every step
+        pays it for every row, so a step that commits more tokens a row makes fewer of them:
+        served at one user, where responses cost the stub 0.17-0.3 ms CPU a step beside a 0.6-1.1
+        ms engine step on the same two cores, EAGLE gained 1.44x the baseline while drafting, and
+        an engine whose policy saw its step alone judged that a loss and paused."""
         x = seconds / self.load
         self.output_per_row = x if not self.output_per_row else self.output_per_row + OUTPUT_RATE * (x - self.output_per_row)
 
@@ -636,8 +637,7 @@ class StepRecord:
     # drafting step of ~2.4 ms against ~0.02 ms a plain one, which neither the proposal's time nor the
     # step's held: prompt lookup at 16 users in-process drafted at 0.94x its own plain rate, which
     # the guard, timing without it, read as 0.99x (within GUARD_RATIO), and the engine ran 0.96x the
-    # baseline. It counts with the proposal's time (`proposal_seconds`)
-
+    # baseline. It counts with the proposal's time (`proposal_seconds`).
 
     @property
     def proposal_seconds(self) -> float:

@@ -74,7 +74,7 @@ NATIVE_MAX_ROWS = _max_rows()
 # thread while no row has more than WIDE_ROW_TOKENS tokens, up to WIDE_MAX_ROWS rows: a row's
 # attention costs the native loop per query and key (~11 cycles a key and head), so past a few
 # hundred tokens a row the eager layers' batched attention wins, and at two threads the eager
-# layers scale where the native forward did not. Prefill of the kit's target at one thread on an
+# layers gained more from the second thread than the native forward did. Prefill of the kit's target at one thread on an
 # AVX2 EPYC (interleaved, ms, eager / native): 11.2 / 7.1 for 1 x 80, 15.5 / 12.3 for 1 x 128,
 # 20.4 / 16.4 for 1 x 165, 35.8 / 28.0 for 4 x 80, 35.4 / 34.0 for 1 x 256, 102 / 95 for 8 x 128,
 # but 70 / 81 for 1 x 512 and 173 / 254 for 1 x 1000; at two threads (separate processes) 1 x 165
