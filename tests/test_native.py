@@ -31,6 +31,7 @@ def test_without_avx512_at_most_64_rows_run_natively(monkeypatch):
     monkeypatch.setattr(native, "_cpu_signature", lambda: "x86_64flags\t: fpu avx2 avx512f avx512bw")
     assert native._max_rows() == 1024
 
+
 def test_without_avx512_a_wider_forward_runs_natively_at_one_thread_while_its_rows_are_short(monkeypatch):
     """Prefills of the load test's prompts (24-165 tokens) ran eager past 64 rows on an AVX2 CPU,
     where the native forward is 1.2-1.5x faster at one thread; a row of 512 tokens, or two threads,
