@@ -182,6 +182,18 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
  * (`forward_ab --shapes`, two models alternating); 32 and 128 steps ahead ran 0.95-0.99x 64's.
  * The AVX-512 kernels above have no hint: not measured on such a CPU. */
 #define PREFETCH_H 64
+/* Keeps a loaded weight vector in a register where 3 or more rows use it: GCC folded float32
+ * loads into every row's FMA (float16 ones pass through a conversion, and stayed in registers),
+ * and float32 weights ran 3 and 4 rows at 49-53 GFLOP/s against 5-6 rows' 82-99; kept, 62-74 and
+ * 76-91 (a C harness over this file, the kit's matmul shapes); a float32 checkpoint's 5-token
+ * verification 1.07-1.08x, a batch of 8 one-token rows 1.06x (`forward_ab --kit` of the kit's
+ * target saved in float32, 400 pairs a shape). Not for fewer rows: one row uses each vector once
+ * (kept, its 8 left no register free, 38 -> 28 GFLOP/s), and the 2-row kernel's forward ran 0.91x. */
+#if defined(__x86_64__)
+#define IN_YMM(v) __asm__("" : "+x"(v))
+#else
+#define IN_YMM(v) (void)0
+#endif
 #define MM8_KERNEL(RB, U, WT, LOAD)                                                              \
     static void mm8_##RB##x##U##_##LOAD(const float *x, int64_t N, const WT *w, int64_t S,      \
                                         const float *bias, float *out, int64_t M) {             \
@@ -193,7 +205,10 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
             v8 wv[2 * U];                                                                        \
             _Pragma("GCC unroll 4") for (int b = 0; b < 16 * U * (int)sizeof(WT); b += 64)       \
                 __builtin_prefetch((const void *)((uintptr_t)(w + h * S) + PREFETCH_H * S * sizeof(WT) + b), 0, 0); \
-            _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) wv[q] = LOAD(w + h * S + 8 * q); \
+            _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) {                            \
+                wv[q] = LOAD(w + h * S + 8 * q);                                                 \
+                if (RB > 2) IN_YMM(wv[q]);                                                       \
+            }                                                                                    \
             _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
                 v8 xv = bcast8(x[r * N + h]);                                                    \
                 _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) acc[r][q] += xv * wv[q]; \
