@@ -604,13 +604,18 @@ class SlotState:
     cap: int = 0  # the sequence's draft length at most (`Policy.cap`) ...
     pinned: bool = False  # ... and whether it keeps it (`is_pinned`): read at every search, fixed for its life
 
+    def decay(self, decay: float, rounds: int = 1) -> None:
+        """Decay the evidence by `decay` once per round."""
+        for _ in range(rounds):
+            self.accepted_n *= decay
+            self.rejected_n *= decay
+            self.later_accepted_n *= decay
+            self.later_rejected_n *= decay
+
     def count(self, decay: float, depth_drafted: int, accepted: int) -> None:
         """Decay the evidence, then add a round's trials: a draft's first token is a trial of
         alpha; the later ones, once it was accepted, of beta (no trials: it did not draft)."""
-        self.accepted_n *= decay
-        self.rejected_n *= decay
-        self.later_accepted_n *= decay
-        self.later_rejected_n *= decay
+        self.decay(decay)
         if depth_drafted > 0:
             first = 1.0 if accepted else 0.0
             self.accepted_n += first
@@ -922,11 +927,24 @@ class Policy:
     def observe_unobserved(self) -> None:
         """Observe the plain steps left while coasting, in the order they ran. What they move (the
         load, the plain steps' times, the guard's plain rate, the acceptances' decay) is read
-        only by a search, a probe, an admission or a release, each of which calls this first."""
+        only by a search, a probe, an admission or a release, each of which calls this first.
+        Their rounds are counted together: each sequence's evidence decays once a step (the same
+        multiplications as one by one), its estimates made once after (nothing reads them in
+        between): observed round by round, they were 5.4 us of the 9.8 us a paused batch of 8
+        spent observing a plain step, and served, a paused method's observations were 2% of its
+        engine time (a release observes them within the output phase)."""
         if self.unobserved:
             steps, self.unobserved = self.unobserved, []
+            rounds: dict[int, int] = {}  # slot -> the plain rounds it ran among them
             for number, step in steps:
-                self.observe_step(number, step)
+                self.observe_timing(number, step)
+                for s in step.seqs:
+                    rounds[s.slot] = rounds.get(s.slot, 0) + 1
+            for slot, n in rounds.items():
+                state = self.slots.get(slot)
+                if state is not None:  # not finished since
+                    state.decay(DECAY, n)
+                    self.estimate_own(state)
 
     def observe_step(self, number: int, step: StepRecord) -> None:
         """Learn from decode step `number`: proposal and step costs, then each sequence's acceptance.
@@ -934,17 +952,21 @@ class Policy:
         acceptances' decay; the proposal bookkeeping it skips cost 2 us a step at batch 1."""
         if step.tokens != len(step.seqs) or any(step.ks):
             self.observe_proposal(step)
-        self.probing_off = 0
-        if self.cost is not None and step.tokens:
-            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs), self.anchoring)
-            if self.adaptive:
-                self.observe_rate(number, step)
+        self.observe_timing(number, step)
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
         decay = 1.0 if self.anchoring else DECAY
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             if s.slot in self.slots:  # not finished in this step
                 self.observe_round(self.slots[s.slot], depth, accepted, decay, engine_wide=not self.best_only)
+
+    def observe_timing(self, number: int, step: StepRecord) -> None:
+        """The step's time: the cost model's curve and load, and the guard's rates."""
+        self.probing_off = 0
+        if self.cost is not None and step.tokens:
+            self.cost.observe_verify(step.tokens, step.step_seconds, len(step.seqs), self.anchoring)
+            if self.adaptive:
+                self.observe_rate(number, step)
 
     def observe_rate(self, number: int, step: StepRecord) -> None:
         """Hand the guard the step's committed tokens and engine seconds: a settled plain step's
@@ -999,6 +1021,10 @@ class Policy:
             self.engine_prior = max(self.engine_prior * ENGINE_DECAY, 1e-3 * PRIOR_TRIALS)
             engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA, self.engine_prior)
             engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA, self.engine_prior)
+        self.estimate_own(state)
+
+    def estimate_own(self, state: SlotState) -> None:
+        """A sequence's acceptances from its evidence, drawn towards the engine-wide ones."""
         state.acceptance = estimate(state.accepted_n, state.rejected_n, self.alpha)
         state.later = estimate(state.later_accepted_n, state.later_rejected_n, self.beta)
 
