@@ -863,6 +863,25 @@ def paused_run(observe_at_once: bool, steps: int = 3000) -> tuple[list[list[int]
     return trace, state, held
 
 
+def test_a_release_within_a_step_leaves_the_plain_steps_for_the_next_search():
+    """A sequence finishes within a step (its output phase): observing the paused batch's plain
+    steps there would put the policy's time into the step's, which the cost model reads as the
+    target's. They wait for the next search, which skips the finished sequence's rounds."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    p.next_probe = 10**6
+    batch = seqs(p, 2, 0.6)
+    for _ in range(PAUSED_RECHECK // 2):
+        ks = p.choose(batch)
+        p.observe(StepRecord(batch, ks, ks, [0, 0], [0, 0], step_seconds=2e-3, tokens=2))
+    held = len(p.unobserved)
+    p.release(batch[1].slot)
+    assert held and len(p.unobserved) == held
+    evidence = p.slots[batch[0].slot].accepted_n
+    p.choose(batch[:1])  # the batch changed: a search, after the steps are observed
+    assert not p.unobserved and p.slots[batch[0].slot].accepted_n == pytest.approx(evidence * policy.DECAY ** held)
+
+
 def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed_at_once():
     """While `choose` coasts (a paused batch, nothing to search), its plain steps are observed
     together at the next search, probe, admission or release: the policy must choose the same ks
