@@ -884,7 +884,7 @@ def test_a_release_within_a_step_leaves_the_plain_steps_for_the_next_search():
 
 def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed_at_once():
     """While `choose` coasts (a paused batch, nothing to search), its plain steps are observed
-    together at the next search, probe, admission or release: the policy must choose the same ks
+    together at the next search, probe or admission: the policy must choose the same ks
     at every step and end in the same state as one that observed each step at once."""
     later, at_once = paused_run(observe_at_once=False), paused_run(observe_at_once=True)
     assert later[0] == at_once[0] and any(map(any, later[0]))  # the same ks, probes among them

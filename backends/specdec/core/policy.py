@@ -931,10 +931,11 @@ class Policy:
         """Observe the plain steps left while coasting, in the order they ran. What they move (the
         load, the plain steps' times, the guard's plain rate, the acceptances' decay) is read
         only by a search, a probe or an admission (its slot may be a released one's), each of
-        which calls this first. Their rounds are counted together: each sequence's evidence decays once a step (the same
-        multiplications as one by one), its estimates made once after (nothing reads them in
-        between): observed round by round, they were 5.4 us of the 9.8 us a paused batch of 8
-        spent observing a plain step, and a paused method's observations 2% of its engine time."""
+        which calls this first. Their rounds are counted together: each sequence's evidence
+        decays once a step (the same multiplications as one by one), its estimates made once
+        after (nothing reads them in between): observed round by round, they were 5.4 us of the
+        9.8 us a paused batch of 8 spent observing a plain step, and a paused method's
+        observations 2% of its engine time."""
         if self.unobserved:
             steps, self.unobserved = self.unobserved, []
             rounds: dict[int, int] = {}  # slot -> the plain rounds it ran among them
