@@ -11,7 +11,7 @@ import pytest
 
 from specdec.core import policy
 from specdec.core.policy import (COLLAPSE_ALPHA, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PLAIN_SETTLE, PROBE_BUDGET,
-                                 PROBE_EVERY, CostModel, Policy, SlotState, StepRecord, expected_tokens, is_pinned)
+                                 PROBE_EVERY, CostModel, Policy, SlotState, StepRecord, expected_tokens)
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
 
@@ -24,8 +24,7 @@ def seqs(p: Policy, n: int, alpha: float, **params) -> list[Sequence]:
     for i in range(n):
         s = Sequence(f"r{i}", [1, 2], SamplingParams(**params), lambda o: None, slot=next(SLOTS))
         p.slots[s.slot] = SlotState(alpha, alpha, accepted_n=20 * alpha, rejected_n=20 * (1 - alpha),
-                                    later_accepted_n=20 * alpha, later_rejected_n=20 * (1 - alpha),
-                                    cap=p.cap(s), pinned=is_pinned(s))
+                                    later_accepted_n=20 * alpha, later_rejected_n=20 * (1 - alpha))
         out.append(s)
     return out
 

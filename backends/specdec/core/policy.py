@@ -601,8 +601,6 @@ class SlotState:
     rejected_n: float = 0.0
     later_accepted_n: float = 0.0  # beta's: accepted later tokens, and rejections among them
     later_rejected_n: float = 0.0
-    cap: int = 0  # the sequence's draft length at most (`Policy.cap`) ...
-    pinned: bool = False  # ... and whether it keeps it (`is_pinned`): read at every search, fixed for its life
 
     def decay(self, decay: float, rounds: int = 1) -> None:
         """Decay the evidence by `decay` once per round."""
@@ -696,7 +694,6 @@ class Policy:
         self.coasting = False
         self.unobserved: list[tuple[int, StepRecord]] = []  # (the policy's step number, the step)
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
-        self.drafted_candidates = self.candidates[1:]
 
     def cap(self, seq: Sequence) -> int:
         k = seq.params.num_draft_tokens
@@ -743,11 +740,11 @@ class Policy:
         # (steps are left unobserved only after this return: a follow-up or an anchor, above,
         # comes right after a search, never after coasting)
         self.observe_unobserved()
+        caps = [self.cap(s) for s in seqs]
         states = [self.slots[slot] for slot in batch]
-        caps = [st.cap for st in states]
         alphas = [st.acceptance for st in states]
         betas = [st.later for st in states]
-        pinned = [st.pinned for st in states]
+        pinned = [is_pinned(s) for s in seqs]
         if paused:
             k, drafting = 0, set()
         else:
@@ -884,33 +881,28 @@ class Policy:
         output = cost.output_per_row * n  # every row's response, whatever the step commits
         best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + output)
         best_k = best_m = 0
-        # each row's (cap, alpha, beta, charge) read once, `expected_tokens` inlined (the same
-        # arithmetic, so the same picks): the search at batch 8 took 21 us a step, 18 us so
-        rows = [(caps[i], alphas[i], betas[i], charges[i]) for i in order]
-        for k in self.drafted_candidates:
+        for k in self.candidates[1:]:
             tokens, extra, depth, catch_up = fixed_tokens, fixed_extra, fixed_depth, 0.0
-            m = fixed_rows
-            for cap, alpha, beta, charge in rows:
-                kk = k if k < cap else cap
+            for m, i in enumerate(order, 1):
+                kk = k if k < caps[i] else caps[i]
                 d = depth_of[kk]
-                tokens += 1.0 + alpha * (float(d) if beta >= 0.999 else (1 - beta**d) / (1 - beta)) - 1.0
+                tokens += expected_tokens(alphas[i], d, betas[i]) - 1.0
                 extra += kk
-                catch_up += charge
+                catch_up += charges[i]
                 if d > depth:
                     depth = d
-                m += 1
                 v = curve.get(n + extra)
                 if v is None:
                     v = verify(n + extra)
-                r = tokens / (v + draft_s[depth] * rows_factor[m] + catch_up + output)
+                r = tokens / (v + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up + output)
                 if r > best_rate:
-                    best_rate, best_k, best_m = r, k, m - fixed_rows
+                    best_rate, best_k, best_m = r, k, m
         return best_k, set(order[:best_m])
 
     def admit(self, seq: Sequence) -> None:
         """A new sequence starts at the engine-wide acceptances."""
         self.observe_unobserved()
-        self.slots[seq.slot] = SlotState(acceptance=self.alpha, later=self.beta, cap=self.cap(seq), pinned=is_pinned(seq))
+        self.slots[seq.slot] = SlotState(acceptance=self.alpha, later=self.beta)
 
     def release(self, slot: int) -> None:
         """Forget a finished sequence. The plain steps left unobserved stay so (their rounds of it
