@@ -194,6 +194,17 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 #else
 #define IN_YMM(v) (void)0
 #endif
+/* 3 rows x 2 units (`mm8_3x2`): 12 accumulators. With one unit (6 accumulators) 3 rows waited on
+ * the FMAs' latency: 73 GFLOP/s against 4-6 rows' 93-98 (float16, the kit's shapes, warm). The 3
+ * broadcasts, 4 weight halves and 12 accumulators do not fit 16 registers, so each unit loads its
+ * 2 halves in turn and broadcasts each row's input again for it (`BCAST8_AGAIN`: written in C, GCC
+ * kept the first broadcasts and spilled 2 accumulators, 44 GFLOP/s): 92-97 GFLOP/s (float32
+ * weights 68-82, from 64-75). Each output still sums over h in order in one accumulator. */
+#if defined(__x86_64__) && defined(__AVX__)
+#define BCAST8_AGAIN(xv, p) __asm__ volatile("vbroadcastss %1, %0" : "=x"(xv) : "m"(*(p)))
+#else
+#define BCAST8_AGAIN(xv, p) ((xv) = bcast8(*(p)))
+#endif
 #define MM8_KERNEL(RB, U, WT, LOAD)                                                              \
     static void mm8_##RB##x##U##_##LOAD(const float *x, int64_t N, const WT *w, int64_t S,      \
                                         const float *bias, float *out, int64_t M) {             \
@@ -205,6 +216,20 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
             v8 wv[2 * U];                                                                        \
             _Pragma("GCC unroll 4") for (int b = 0; b < 16 * U * (int)sizeof(WT); b += 64)       \
                 __builtin_prefetch((const void *)((uintptr_t)(w + h * S) + PREFETCH_H * S * sizeof(WT) + b), 0, 0); \
+            if (RB > 2 && U > 1) { /* a unit at a time, each row's input broadcast again (above) */ \
+                _Pragma("GCC unroll 4") for (int c = 0; c < U; c++) {                            \
+                    wv[0] = LOAD(w + h * S + 16 * c), wv[1] = LOAD(w + h * S + 16 * c + 8);      \
+                    IN_YMM(wv[0]);                                                               \
+                    IN_YMM(wv[1]);                                                               \
+                    _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                       \
+                        v8 xv;                                                                   \
+                        BCAST8_AGAIN(xv, x + r * N + h);                                         \
+                        acc[r][2 * c] += xv * wv[0];                                             \
+                        acc[r][2 * c + 1] += xv * wv[1];                                         \
+                    }                                                                            \
+                }                                                                                \
+                continue;                                                                        \
+            }                                                                                    \
             _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) {                            \
                 wv[q] = LOAD(w + h * S + 8 * q);                                                 \
                 if (RB > 2) IN_YMM(wv[q]);                                                       \
@@ -217,50 +242,13 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) *(v8 *)(out + r * M + 8 * q) = acc[r][q]; \
     }
-/* 3 rows x 2 units: 12 accumulators. With one unit (6 accumulators) 3 rows waited on the FMAs'
- * latency: 73 GFLOP/s against 4-6 rows' 93-98 (float16, the kit's shapes, warm). The 3 broadcasts,
- * 4 weight halves and 12 accumulators do not fit 16 registers, so each unit loads its 2 halves in
- * turn and broadcasts each row's input again for it (`BCAST8_AGAIN`: written in C, GCC kept the
- * first broadcasts and spilled 2 accumulators, 44 GFLOP/s): 92-97 GFLOP/s (float32 weights 68-82,
- * from 64-75). Each output still sums over h in order in one accumulator: the same numbers. */
-#if defined(__x86_64__) && defined(__AVX__)
-#define BCAST8_AGAIN(xv, p) __asm__ volatile("vbroadcastss %1, %0" : "=x"(xv) : "m"(*(p)))
-#else
-#define BCAST8_AGAIN(xv, p) ((xv) = bcast8(*(p)))
-#endif
-#define MM8_3X2(WT, LOAD)                                                                        \
-    static void mm8_3x2_##LOAD(const float *x, int64_t N, const WT *w, int64_t S,                \
-                               const float *bias, float *out, int64_t M) {                      \
-        v8 acc[3][4];                                                                            \
-        _Pragma("GCC unroll 8") for (int r = 0; r < 3; r++)                                      \
-        _Pragma("GCC unroll 8") for (int q = 0; q < 4; q++)                                      \
-            acc[r][q] = bias ? ld8_f32(bias + 8 * q) : (v8){0};                                  \
-        _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
-            _Pragma("GCC unroll 4") for (int b = 0; b < 32 * (int)sizeof(WT); b += 64)           \
-                __builtin_prefetch((const void *)((uintptr_t)(w + h * S) + PREFETCH_H * S * sizeof(WT) + b), 0, 0); \
-            _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {                                \
-                v8 w0 = LOAD(w + h * S + 16 * c), w1 = LOAD(w + h * S + 16 * c + 8);             \
-                IN_YMM(w0);                                                                      \
-                IN_YMM(w1);                                                                      \
-                _Pragma("GCC unroll 3") for (int r = 0; r < 3; r++) {                            \
-                    v8 xv;                                                                       \
-                    BCAST8_AGAIN(xv, x + r * N + h);                                             \
-                    acc[r][2 * c] += xv * w0;                                                    \
-                    acc[r][2 * c + 1] += xv * w1;                                                \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-        _Pragma("GCC unroll 8") for (int r = 0; r < 3; r++)                                      \
-        _Pragma("GCC unroll 8") for (int q = 0; q < 4; q++) *(v8 *)(out + r * M + 8 * q) = acc[r][q]; \
-    }
 /* U 16-column units at once where few rows leave registers free: one row's 2 accumulators are a
  * chain of dependent FMAs (a one-row matmul waited on their latency), 4 units give it 8. Each
  * output's sum still runs over h in order in one accumulator, whatever RB and U. */
 #define MM8_KERNELS(WT, LOAD)                                                                    \
-    MM8_3X2(WT, LOAD)                                                                            \
     MM8_KERNEL(1, 1, WT, LOAD) MM8_KERNEL(2, 1, WT, LOAD) MM8_KERNEL(3, 1, WT, LOAD)             \
     MM8_KERNEL(4, 1, WT, LOAD) MM8_KERNEL(5, 1, WT, LOAD) MM8_KERNEL(6, 1, WT, LOAD)             \
-    MM8_KERNEL(1, 4, WT, LOAD) MM8_KERNEL(2, 2, WT, LOAD)                                        \
+    MM8_KERNEL(1, 4, WT, LOAD) MM8_KERNEL(2, 2, WT, LOAD) MM8_KERNEL(3, 2, WT, LOAD)             \
     static void matmul_##LOAD(const float *x, int64_t R, int64_t N, const WT *wt,               \
                               const float *bias, int64_t M, float *out, int64_t begin, int64_t end) { \
         typedef void (*fn)(const float *, int64_t, const WT *, int64_t, const float *, float *, int64_t); \
