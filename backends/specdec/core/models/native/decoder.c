@@ -506,7 +506,7 @@ static void rope(float *x, const float *cos, const float *sin, int64_t hd) {
 typedef struct {
     const float *qkv;
     float *att, *scores;
-    int64_t scores_stride;
+    int64_t scores_stride, query_stride;  /* a part's scores buffers; one query's in it: scores, then its sums */
     const int64_t *rows;
     int64_t T, QKV, nq, nkv, hd, group;
     float scale;
@@ -516,6 +516,8 @@ typedef struct {
     int64_t W;
     const uint8_t *tree_mask;
     int64_t R;
+    const int64_t *chunks, *chunk_off;  /* `make_chunks` */
+    int64_t n_chunks;
 } Attention;
 
 #if VW == 16
@@ -559,25 +561,108 @@ static inline __attribute__((always_inline)) vf products(const vf *qv, const flo
     return acc;
 }
 
-/* One (row, head) pair's attention, with hd = VW ne (ne a constant where `attention_part` inlines
- * it). Scores first: the committed prefix with no visibility test, then the new tokens'. The
- * weighted sum of values runs in registers, over even and odd keys apart (added at the end):
- * summed in memory, key after key, each key waited for the last one's store (a chain of
- * store-to-load latencies), and at 256 keys of context a 5-token verification's attention took
- * longer than its matmuls. Every pair is computed in this order whatever else is in the forward. */
-static inline __attribute__((always_inline)) void attend(const Attention *a, int64_t pair, float *scores, int64_t ne) {
-    const int64_t nq = a->nq, nkv = a->nkv, hd = a->hd;
-    int64_t r = pair / nq, h = pair % nq, b = a->rows[r] / a->T, i = a->rows[r] % a->T;
-    int64_t start = a->starts[b], len = start + a->W, step = nkv * hd, g = h / a->group;
-    const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
+/* Queries of one row and one key-value head, attended together (`attend_chunk`): each block of keys
+ * is scored for every query while it is in L1, and each tile of values weighed into every query's
+ * sums while it is. One pair at a time, each pair streamed its row's keys and values from L2 or
+ * further again, though a group's heads and a verification's tokens read the same ones (~12 cycles
+ * a key and head; chunked, a 5-token verification's attention took 0.7-0.9x the time, C harness). */
+#define ATT_QUERIES 16  /* a chunk's queries, at most: each has a scores buffer of its own */
+#define ATT_TILE 64     /* keys whose values stay in L1 while every query of a chunk weighs them (even) */
+#define ATT_TOKENS 3    /* a row's tokens, at least, for its queries to go in chunks: fewer share too
+                         * little (in chunks, batches of 8 rows of one or two tokens ran 0.95-0.97x) */
+
+/* A forward's attention in chunks of pairs (r, h), each chunk's in `pairs` from off[c] to off[c + 1];
+ * returns their count. For each row b and key-value head g, the queries of b's tokens at g's
+ * heads: split into equal chunks of at most ATT_QUERIES, or one chunk per pair where b has fewer
+ * than ATT_TOKENS tokens. Made once a forward: every layer has the same. */
+static int64_t make_chunks(const int64_t *rows, int64_t R, int64_t T, int64_t nq, int64_t nkv, int64_t group,
+                           int64_t *pairs, int64_t *off) {
+    int64_t c = 0, k = 0;
+    off[0] = 0;
+    for (int64_t r = 0; r < R;) {
+        int64_t end = r + 1;
+        while (end < R && rows[end] / T == rows[r] / T) end++;
+        int64_t n = (end - r) * group, per = end - r < ATT_TOKENS ? n : (n + ATT_QUERIES - 1) / ATT_QUERIES;
+        int64_t size = (n + per - 1) / per;
+        for (int64_t g = 0; g < nkv; g++)
+            for (int64_t first = 0; first < n; first += size) {
+                for (int64_t q = first; q < first + size && q < n; q++)
+                    pairs[k++] = (r + q / group) * nq + g * group + q % group;
+                off[++c] = k;
+            }
+        r = end;
+    }
+    return c;
+}
+
+/* Scores of keys `from` .. len of one query (row r, token i) one key at a time, those past start
+ * tested for visibility; then the softmax over all its scores (those before `from` already in sc,
+ * their maximum m): the weights in sc, zero for hidden keys; returns 1 / their sum, or 0 where no
+ * key is visible (m stays -INFINITY). */
+static inline __attribute__((always_inline)) float softmax_scores(const Attention *a, int64_t r, const vf *qv,
+                                                                  const float *ks, float *sc, int64_t from,
+                                                                  int64_t start, int64_t len, float *m, int64_t ne) {
+    const int64_t i = a->rows[r] % a->T, step = a->nkv * a->hd;
     const uint8_t *tm = a->tree_mask ? a->tree_mask + a->rows[r] * a->W : NULL;
-    const float *q = a->qkv + r * a->QKV + h * hd;
-    float *o = a->att + r * nq * hd + h * hd;
+    for (int64_t j = from; j < len; j++) {
+        if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { sc[j] = -INFINITY; continue; }
+        float s = hsumv(products(qv, ks + j * step, ne)) * a->scale;
+        sc[j] = s;
+        *m = s > *m ? s : *m;
+    }
+    if (*m == -INFINITY) return 0.0f;
+    for (int64_t j = len; j % VW; j++) sc[j] = -INFINITY;
+    vf total = {0};
+    for (int64_t j = 0; j < len; j += VW) {  /* hidden keys weigh exactly 0 */
+        vf x = ldv(sc + j);
+        vf p = sel(x > -INFINITY, expv(x - *m), (vf){0});
+        stv(sc + j, p);
+        total += p;
+    }
+    return 1.0f / hsumv(total);
+}
+
+/* Values of keys t .. end - 1 (t even) weighed by sc into the even and odd keys' sums */
+static inline __attribute__((always_inline)) void weigh_values(vf *even, vf *odd, const float *sc, const float *vs,
+                                                               int64_t t, int64_t end, int64_t step, int64_t ne) {
+    for (int64_t j = t; j + 1 < end; j += 2) {
+        const float *v = vs + j * step;
+        vf p0 = bcastv(sc[j]), p1 = bcastv(sc[j + 1]);
+        for (int64_t e = 0; e < ne; e++) {
+            even[e] += p0 * ldv(v + VW * e);
+            odd[e] += p1 * ldv(v + step + VW * e);
+        }
+    }
+}
+
+/* The output of a query: its last key, if unpaired, with the even ones, then (even + odd) / sum */
+static inline __attribute__((always_inline)) void write_output(float *o, vf *even, const vf *odd, const float *sc,
+                                                               const float *vs, int64_t len, int64_t step,
+                                                               float inv, int64_t ne) {
+    if (len % 2) {
+        vf p0 = bcastv(sc[len - 1]);
+        for (int64_t e = 0; e < ne; e++) even[e] += p0 * ldv(vs + (len - 1) * step + VW * e);
+    }
+    for (int64_t e = 0; e < ne; e++) stv(o + VW * e, (even[e] + odd[e]) * inv);
+}
+
+/* One (row, head) pair's attention, with hd = VW ne (ne a constant where `attention_part` inlines
+ * it), in registers throughout: a row's of fewer than ATT_TOKENS tokens.
+ * Scores first: the committed prefix VW keys at a time with no visibility test, then the new
+ * tokens' (`softmax_scores`); then the weighted sum of values over even and odd keys apart, in key
+ * order (added at the end). Summed in memory, key after key, each key waited for the last one's
+ * store, and at 256 keys of context a 5-token verification's attention took longer than its
+ * matmuls. Every pair is computed in this order whatever else is in the forward (`attend_chunk`
+ * too). */
+static inline __attribute__((always_inline)) void attend(const Attention *a, int64_t pair, float *scores, int64_t ne) {
+    const int64_t nq = a->nq, hd = a->hd, step = a->nkv * hd;
+    int64_t r = pair / nq, h = pair % nq, b = a->rows[r] / a->T, g = h / a->group;
+    int64_t start = a->starts[b], len = start + a->W, j = 0;
+    const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
+    float *o = a->att + r * nq * hd + h * hd, m = -INFINITY;
     vf qv[512 / VW];
-    for (int64_t e = 0; e < ne; e++) qv[e] = ldv(q + VW * e);
-    float mx = -INFINITY;
-    int64_t j = 0;
-    if (start >= VW) {  /* the prefix, VW keys at a time */
+    for (int64_t e = 0; e < ne; e++) qv[e] = ldv(a->qkv + r * a->QKV + h * hd + VW * e);
+    if (start >= VW) {
         vf top = (vf){0} - INFINITY;
         for (; j + VW <= start; j += VW) {
             vf acc[VW];
@@ -586,54 +671,91 @@ static inline __attribute__((always_inline)) void attend(const Attention *a, int
             stv(scores + j, s);
             top = sel(s > top, s, top);
         }
-        for (int u = 0; u < VW; u++) mx = top[u] > mx ? top[u] : mx;
+        for (int u = 0; u < VW; u++) m = top[u] > m ? top[u] : m;
     }
-    for (; j < len; j++) {
-        if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { scores[j] = -INFINITY; continue; }
-        float s = hsumv(products(qv, ks + j * step, ne)) * a->scale;
-        scores[j] = s;
-        mx = s > mx ? s : mx;
-    }
-    if (mx == -INFINITY) { memset(o, 0, hd * sizeof(float)); return; }
-    for (int64_t j = len; j % VW; j++) scores[j] = -INFINITY;
-    vf total = {0};
-    for (int64_t j = 0; j < len; j += VW) {  /* hidden keys weigh exactly 0 */
-        vf sc = ldv(scores + j);
-        vf p = sel(sc > -INFINITY, expv(sc - mx), (vf){0});
-        stv(scores + j, p);
-        total += p;
-    }
+    float inv = softmax_scores(a, r, qv, ks, scores, j, start, len, &m, ne);
+    if (m == -INFINITY) { memset(o, 0, hd * sizeof(float)); return; }
     vf even[512 / VW], odd[512 / VW];
     for (int64_t e = 0; e < ne; e++) even[e] = odd[e] = (vf){0};
-    for (j = 0; j + 1 < len; j += 2) {
-        const float *v = vs + j * step;
-        vf p0 = bcastv(scores[j]), p1 = bcastv(scores[j + 1]);
-        for (int64_t e = 0; e < ne; e++) {
-            even[e] += p0 * ldv(v + VW * e);
-            odd[e] += p1 * ldv(v + step + VW * e);
-        }
-    }
-    if (j < len) {
-        vf p0 = bcastv(scores[j]);
-        for (int64_t e = 0; e < ne; e++) even[e] += p0 * ldv(vs + j * step + VW * e);
-    }
-    float inv = 1.0f / hsumv(total);
-    for (int64_t e = 0; e < ne; e++) stv(o + VW * e, (even[e] + odd[e]) * inv);
+    weigh_values(even, odd, scores, vs, 0, len, step, ne);
+    write_output(o, even, odd, scores, vs, len, step, inv, ne);
 }
 
-/* Some of a forward's (row, head) pairs: part p of a parallel section takes pairs p n / parts ..
- * (p + 1) n / parts, with its own scores buffer; head sizes of 32, 64 and 128 get their own code. */
+/* The attention of n pairs of one row and key-value head (a chunk, `make_chunks`), each as
+ * `attend` computes it alone (the same numbers), tiled: each block of VW keys is scored for every
+ * query while in L1, and each ATT_TILE keys' values weighed into every query's sums while in L1
+ * (the sums kept after each query's scores between tiles). */
+static inline __attribute__((always_inline)) void attend_chunk(const Attention *a, const int64_t *pairs, int n,
+                                                               float *scores, int64_t ne) {
+    const int64_t nq = a->nq, hd = a->hd, step = a->nkv * hd, stride = a->query_stride;
+    int64_t b = a->rows[pairs[0] / nq] / a->T, g = pairs[0] % nq / a->group;
+    int64_t start = a->starts[b], len = start + a->W, blocked = start >= VW ? start / VW * VW : 0;
+    const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
+    float mx[ATT_QUERIES], inv[ATT_QUERIES];
+    vf top[ATT_QUERIES], qvs[ATT_QUERIES][512 / VW];
+    for (int q = 0; q < n; q++) {
+        top[q] = (vf){0} - INFINITY;
+        for (int64_t e = 0; e < ne; e++) qvs[q][e] = ldv(a->qkv + pairs[q] / nq * a->QKV + pairs[q] % nq * hd + VW * e);
+    }
+    for (int64_t j = 0; j < blocked; j += VW)
+        for (int q = 0; q < n; q++) {
+            vf acc[VW];
+            for (int64_t u = 0; u < VW; u++) acc[u] = products(qvs[q], ks + (j + u) * step, ne);
+            vf s = hsum_block(acc) * a->scale;
+            stv(scores + q * stride + j, s);
+            top[q] = sel(s > top[q], s, top[q]);
+        }
+    for (int q = 0; q < n; q++) {
+        mx[q] = -INFINITY;
+        if (blocked)
+            for (int u = 0; u < VW; u++) mx[q] = top[q][u] > mx[q] ? top[q][u] : mx[q];
+        inv[q] = softmax_scores(a, pairs[q] / nq, qvs[q], ks, scores + q * stride, blocked, start, len, &mx[q], ne);
+        for (int64_t e = 0; e < 2 * ne; e++) stv(scores + (q + 1) * stride - 2 * hd + VW * e, (vf){0});
+    }
+    for (int64_t t = 0; t < len; t += ATT_TILE) {
+        int64_t end = t + ATT_TILE < len ? t + ATT_TILE : len;
+        for (int q = 0; q < n; q++) {
+            if (mx[q] == -INFINITY) continue;
+            float *sums = scores + (q + 1) * stride - 2 * hd;
+            vf even[512 / VW], odd[512 / VW];
+            for (int64_t e = 0; e < ne; e++) even[e] = ldv(sums + VW * e), odd[e] = ldv(sums + hd + VW * e);
+            weigh_values(even, odd, scores + q * stride, vs, t, end, step, ne);
+            for (int64_t e = 0; e < ne; e++) stv(sums + VW * e, even[e]), stv(sums + hd + VW * e, odd[e]);
+        }
+    }
+    for (int q = 0; q < n; q++) {
+        float *o = a->att + pairs[q] / nq * nq * hd + pairs[q] % nq * hd, *sums = scores + (q + 1) * stride - 2 * hd;
+        if (mx[q] == -INFINITY) { memset(o, 0, hd * sizeof(float)); continue; }
+        vf even[512 / VW], odd[512 / VW];
+        for (int64_t e = 0; e < ne; e++) even[e] = ldv(sums + VW * e), odd[e] = ldv(sums + hd + VW * e);
+        write_output(o, even, odd, scores + q * stride, vs, len, step, inv[q], ne);
+    }
+}
+
+/* Some of a forward's chunks (`make_chunks`): part p of a parallel section takes chunks
+ * p n / parts .. (p + 1) n / parts, with its own scores buffers; head sizes of 32, 64 and 128 get
+ * their own code. */
 static void attention_part(void *arg, int part, int parts) {
     const Attention *a = arg;
-    const int64_t n = a->R * a->nq, ne = a->hd / VW;
+    const int64_t n = a->n_chunks, ne = a->hd / VW;
     float *scores = a->scores + part * a->scores_stride;
-    for (int64_t pair = n * part / parts; pair < n * (part + 1) / parts; pair++) {
-        switch (a->hd) {
-        case 32: attend(a, pair, scores, 32 / VW); break;
-        case 64: attend(a, pair, scores, 64 / VW); break;
-        case 128: attend(a, pair, scores, 128 / VW); break;
-        default: attend(a, pair, scores, ne);
-        }
+    for (int64_t c = n * part / parts; c < n * (part + 1) / parts; c++) {
+        const int64_t *pairs = a->chunks + a->chunk_off[c];
+        int k = (int)(a->chunk_off[c + 1] - a->chunk_off[c]);
+        if (k == 1)
+            switch (a->hd) {
+            case 32: attend(a, pairs[0], scores, 32 / VW); break;
+            case 64: attend(a, pairs[0], scores, 64 / VW); break;
+            case 128: attend(a, pairs[0], scores, 128 / VW); break;
+            default: attend(a, pairs[0], scores, ne);
+            }
+        else
+            switch (a->hd) {
+            case 32: attend_chunk(a, pairs, k, scores, 32 / VW); break;
+            case 64: attend_chunk(a, pairs, k, scores, 64 / VW); break;
+            case 128: attend_chunk(a, pairs, k, scores, 128 / VW); break;
+            default: attend_chunk(a, pairs, k, scores, ne);
+            }
     }
 }
 
@@ -658,13 +780,17 @@ int specdec_decoder_forward(
     const float scale = 1.0f / sqrtf((float)hd);
     int64_t max_len = 0;
     for (int64_t b = 0; b < B; b++) max_len = starts[b] + W > max_len ? starts[b] + W : max_len;
-    int64_t *rows = malloc(sizeof(int64_t) * B * T);  /* real token n sits at row rows[n] = b T + i */
+    /* real token n sits at row rows[n] = b T + i; then attention's chunks (`make_chunks`) */
+    int64_t *rows = malloc(sizeof(int64_t) * (B * T + 2 * B * T * nq + 1));
     if (!rows) return -2;
     int64_t R = 0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < (lengths ? lengths[b] : T); i++) rows[R++] = b * T + i;
-    int parts = pool.threads;  /* attention's parts: one scores buffer each */
-    float *buf = malloc(sizeof(float) * (R * H + R * QKV + R * nq * hd + R * 2 * I + R * I + parts * (max_len + 16)));
+    int64_t *chunk_pairs = rows + B * T, *chunk_off = chunk_pairs + B * T * nq;
+    const int64_t n_chunks = make_chunks(rows, R, T, nq, nkv, group, chunk_pairs, chunk_off);
+    int parts = pool.threads;  /* attention's parts: scores buffers for a chunk's queries each */
+    const int64_t chunk = T * group < ATT_QUERIES ? T * group : ATT_QUERIES, query_stride = max_len + 16 + 2 * hd;
+    float *buf = malloc(sizeof(float) * (R * H + R * QKV + R * nq * hd + R * 2 * I + R * I + parts * chunk * query_stride));
     if (!buf) { free(rows); return -2; }
     float *xn = buf, *qkv = xn + R * H, *att = qkv + R * QKV, *gu = att + R * nq * hd, *act = gu + R * 2 * I;
     float *scores = act + R * I;
@@ -688,9 +814,9 @@ int specdec_decoder_forward(
             memcpy(kc + off, row + nq * hd, nkv * hd * sizeof(float));
             memcpy(vc + off, row + (nq + nkv) * hd, nkv * hd * sizeof(float));
         }
-        Attention job = {qkv, att, scores, max_len + 16, rows, T, QKV, nq, nkv, hd, group, scale,
-                         kc, vc, slot_stride, slots, starts, W, tree_mask, R};
-        parallel(attention_part, &job, (int)(R * nq < parts ? R * nq : parts));
+        Attention job = {qkv, att, scores, chunk * query_stride, query_stride, rows, T, QKV, nq, nkv, hd, group, scale,
+                         kc, vc, slot_stride, slots, starts, W, tree_mask, R, chunk_pairs, chunk_off, n_chunks};
+        parallel(attention_part, &job, (int)(n_chunks < parts ? n_chunks : parts));
         matmul(d, att, R, nq * hd, L->o, L->o_bias, H, xn);
         for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
         for (int64_t r = 0; r < R; r++) rms_norm(x + r * H, L->post_norm, H, d->eps, xn + r * H);
