@@ -595,16 +595,25 @@ static int64_t make_chunks(const int64_t *rows, int64_t R, int64_t T, int64_t nq
     return c;
 }
 
-/* Scores of keys `from` .. len of one query (row r, token i) one key at a time, those past start
- * tested for visibility; then the softmax over all its scores (those before `from` already in sc,
- * their maximum m): the weights in sc, zero for hidden keys; returns 1 / their sum, or 0 where no
- * key is visible (m stays -INFINITY). */
+/* Scores of keys `from` .. len of one query (row r, token i): VW at a time while all are visible
+ * (causal), then one at a time, those past start tested for visibility; then the softmax over
+ * all its scores (those before `from` already in sc, their maximum m): the weights in sc, zero
+ * for hidden keys; returns 1 / their sum, or 0 where no key is visible (m stays -INFINITY). */
 static inline __attribute__((always_inline)) float softmax_scores(const Attention *a, int64_t r, const vf *qv,
                                                                   const float *ks, float *sc, int64_t from,
                                                                   int64_t start, int64_t len, float *m, int64_t ne) {
     const int64_t i = a->rows[r] % a->T, step = a->nkv * a->hd;
     const uint8_t *tm = a->tree_mask ? a->tree_mask + a->rows[r] * a->W : NULL;
-    for (int64_t j = from; j < len; j++) {
+    int64_t j = from;
+    if (!tm)  /* causal: every key up to its own is visible, so those go VW at a time too (a prompt's) */
+        for (; j + VW <= start + i + 1; j += VW) {
+            vf acc[VW];
+            for (int64_t u = 0; u < VW; u++) acc[u] = products(qv, ks + (j + u) * step, ne);
+            vf s = hsum_block(acc) * a->scale;
+            stv(sc + j, s);
+            for (int u = 0; u < VW; u++) *m = s[u] > *m ? s[u] : *m;
+        }
+    for (; j < len; j++) {
         if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { sc[j] = -INFINITY; continue; }
         float s = hsumv(products(qv, ks + j * step, ne)) * a->scale;
         sc[j] = s;
