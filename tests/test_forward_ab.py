@@ -26,7 +26,12 @@ def test_engine_ab_against_head_checks_outputs_and_times_both(capsys):
 def test_engine_ab_with_arrivals_sends_the_prompts_asked_for_at_least_48_requests(capsys):
     main(["--rev", "HEAD", "--method", "baseline", "--batch", "4", "--rounds", "1", "--prompts", "5", "--in-flight", "4",
           "--max-tokens", "4"])
-    assert re.search(r"1 alternating rounds of 50 x 4 greedy tokens, 4 in flight: .*identical outputs", capsys.readouterr().out)
+    assert re.search(r"1 alternating rounds of 50 x 4 greedy tokens, 4 in flight \(short prompts\): .*identical outputs", capsys.readouterr().out)
+
+
+def test_engine_ab_takes_the_prompts_of_a_band(capsys):
+    main(["--rev", "HEAD", "--method", "baseline", "--rounds", "1", "--prompts", "2", "--max-tokens", "2", "--band", "long"])
+    assert re.search(r"1 alternating rounds of 2 x 2 greedy tokens \(long prompts\): .*identical outputs", capsys.readouterr().out)
 
 
 def test_arrivals_keep_that_many_in_flight_and_return_each_prompts_tokens():

@@ -42,6 +42,7 @@ import torch
 
 from specdec.core.models import native
 from specdec.paths import DEMO_KIT, REPO_ROOT
+from specdec.tools.prompts import BANDS
 
 SHAPES = "1x1,1x2,1x5,8x1,8x5"
 
@@ -113,7 +114,7 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
         engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params)}
     engines["this checkout"] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
     freeze_heap()
-    prompts = heldout_prompts(args.prompts)
+    prompts = heldout_prompts(args.prompts, args.band)
     requests = prompts * -(-ARRIVALS // len(prompts))  # with --in-flight
 
     def run(engine, params) -> list[list[int]]:
@@ -130,7 +131,7 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     times = time_pairs(runs, args.rounds)
     ratios = sorted(a / b for a, b in zip(*times.values()))
     load = (f"{len(requests)} x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight
-            else f"{len(prompts)} x {args.max_tokens} greedy tokens")
+            else f"{len(prompts)} x {args.max_tokens} greedy tokens") + f" ({args.band} prompts)"
     print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of {load}"
           f": {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
           f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
@@ -209,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=128, help="--method: greedy tokens per prompt (default: 128)")
     ap.add_argument("--prompts", type=int, default=8,
                     help="--method: held-out prompts (default: 8); the load test's are its first 32, up to 165 tokens")
+    ap.add_argument("--band", choices=sorted(BANDS), default="short",
+                    help="--method: the prompts' length band (default: short; long: 800-2000 characters, where "
+                         "attention weighs more)")
     ap.add_argument("--in-flight", type=int, default=0,
                     help=f"--method: keep this many requests in flight over at least {ARRIVALS} (the prompts "
                          "repeated), each finished one submitting the next (default: 0, all prompts at once)")
