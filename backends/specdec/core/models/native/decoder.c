@@ -561,6 +561,15 @@ static inline __attribute__((always_inline)) vf products(const vf *qv, const flo
     return acc;
 }
 
+/* The scores of keys k, k + step, ..., k + (VW - 1) step for one query (one block: `hsum_block`,
+ * each lane the bits `hsumv` gives that key alone) */
+static inline __attribute__((always_inline)) vf score_block(const vf *qv, const float *k, int64_t step, float scale,
+                                                            int64_t ne) {
+    vf acc[VW];
+    for (int64_t u = 0; u < VW; u++) acc[u] = products(qv, k + u * step, ne);
+    return hsum_block(acc) * scale;
+}
+
 /* Queries of one row and one key-value head, attended together (`attend_chunk`): each block of keys
  * is scored for every query while it is in L1, and each tile of values weighed into every query's
  * sums while it is. One pair at a time, each pair streamed its row's keys and values from L2 or
@@ -595,24 +604,26 @@ static int64_t make_chunks(const int64_t *rows, int64_t R, int64_t T, int64_t nq
     return c;
 }
 
-/* Scores of keys `from` .. len of one query (row r, token i): VW at a time while all are visible
- * (causal), then one at a time, those past start tested for visibility; then the softmax over
- * all its scores (those before `from` already in sc, their maximum m): the weights in sc, zero
- * for hidden keys; returns 1 / their sum, or 0 where no key is visible (m stays -INFINITY). */
+/* Scores of keys `from` .. len of one query (row r, token i; `from` a multiple of VW): VW at a
+ * time while all are visible, then one at a time, those past start tested for visibility; then
+ * the softmax over all its scores (those before `from` already in sc, their maximum m): the
+ * weights in sc, zero for hidden keys; returns 1 / their sum, or 0 where no key is visible (m
+ * stays -INFINITY). */
 static inline __attribute__((always_inline)) float softmax_scores(const Attention *a, int64_t r, const vf *qv,
                                                                   const float *ks, float *sc, int64_t from,
                                                                   int64_t start, int64_t len, float *m, int64_t ne) {
     const int64_t i = a->rows[r] % a->T, step = a->nkv * a->hd;
     const uint8_t *tm = a->tree_mask ? a->tree_mask + a->rows[r] * a->W : NULL;
-    int64_t j = from;
-    if (!tm)  /* causal: every key up to its own is visible, so those go VW at a time too (a prompt's) */
-        for (; j + VW <= start + i + 1; j += VW) {
-            vf acc[VW];
-            for (int64_t u = 0; u < VW; u++) acc[u] = products(qv, ks + (j + u) * step, ne);
-            vf s = hsum_block(acc) * a->scale;
-            stv(sc + j, s);
-            for (int u = 0; u < VW; u++) *m = s[u] > *m ? s[u] : *m;
-        }
+    /* keys before `visible` are all visible: the committed prefix, and a causal query's own and
+     * earlier ones (a prompt's); those go VW at a time */
+    int64_t j = from, visible = tm ? start : start + i + 1;
+    vf top = (vf){0} - INFINITY;
+    for (; j + VW <= visible; j += VW) {
+        vf s = score_block(qv, ks + j * step, step, a->scale, ne);
+        stv(sc + j, s);
+        top = sel(s > top, s, top);
+    }
+    for (int u = 0; u < VW; u++) *m = top[u] > *m ? top[u] : *m;
     for (; j < len; j++) {
         if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { sc[j] = -INFINITY; continue; }
         float s = hsumv(products(qv, ks + j * step, ne)) * a->scale;
@@ -656,33 +667,21 @@ static inline __attribute__((always_inline)) void write_output(float *o, vf *eve
 }
 
 /* One (row, head) pair's attention, with hd = VW ne (ne a constant where `attention_part` inlines
- * it), in registers throughout: a row's of fewer than ATT_TOKENS tokens.
- * Scores first: the committed prefix VW keys at a time with no visibility test, then the new
- * tokens' (`softmax_scores`); then the weighted sum of values over even and odd keys apart, in key
- * order (added at the end). Summed in memory, key after key, each key waited for the last one's
+ * it), in registers throughout: a row's of fewer than ATT_TOKENS tokens. Scores first
+ * (`softmax_scores`: VW keys at a time while all are visible, with no visibility test), then the
+ * weighted sum of values over even and odd keys apart, in key order (added at the end). Summed in memory, key after key, each key waited for the last one's
  * store, and at 256 keys of context a 5-token verification's attention took longer than its
  * matmuls. Every pair is computed in this order whatever else is in the forward (`attend_chunk`
  * too). */
 static inline __attribute__((always_inline)) void attend(const Attention *a, int64_t pair, float *scores, int64_t ne) {
     const int64_t nq = a->nq, hd = a->hd, step = a->nkv * hd;
     int64_t r = pair / nq, h = pair % nq, b = a->rows[r] / a->T, g = h / a->group;
-    int64_t start = a->starts[b], len = start + a->W, j = 0;
+    int64_t start = a->starts[b], len = start + a->W;
     const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
     float *o = a->att + r * nq * hd + h * hd, m = -INFINITY;
     vf qv[512 / VW];
     for (int64_t e = 0; e < ne; e++) qv[e] = ldv(a->qkv + r * a->QKV + h * hd + VW * e);
-    if (start >= VW) {
-        vf top = (vf){0} - INFINITY;
-        for (; j + VW <= start; j += VW) {
-            vf acc[VW];
-            for (int64_t u = 0; u < VW; u++) acc[u] = products(qv, ks + (j + u) * step, ne);
-            vf s = hsum_block(acc) * a->scale;
-            stv(scores + j, s);
-            top = sel(s > top, s, top);
-        }
-        for (int u = 0; u < VW; u++) m = top[u] > m ? top[u] : m;
-    }
-    float inv = softmax_scores(a, r, qv, ks, scores, j, start, len, &m, ne);
+    float inv = softmax_scores(a, r, qv, ks, scores, 0, start, len, &m, ne);
     if (m == -INFINITY) { memset(o, 0, hd * sizeof(float)); return; }
     vf even[512 / VW], odd[512 / VW];
     for (int64_t e = 0; e < ne; e++) even[e] = odd[e] = (vf){0};
@@ -708,9 +707,7 @@ static inline __attribute__((always_inline)) void attend_chunk(const Attention *
     }
     for (int64_t j = 0; j < blocked; j += VW)
         for (int q = 0; q < n; q++) {
-            vf acc[VW];
-            for (int64_t u = 0; u < VW; u++) acc[u] = products(qvs[q], ks + (j + u) * step, ne);
-            vf s = hsum_block(acc) * a->scale;
+            vf s = score_block(qvs[q], ks + j * step, step, a->scale, ne);
             stv(scores + q * stride + j, s);
             top[q] = sel(s > top[q], s, top[q]);
         }
