@@ -606,23 +606,23 @@ static int64_t make_chunks(const int64_t *rows, int64_t R, int64_t T, int64_t nq
 
 /* Scores of keys `from` .. len of one query (row r, token i; `from` a multiple of VW): VW at a
  * time while all are visible, then one at a time, those past start tested for visibility; then
- * the softmax over all its scores (those before `from` already in sc, their maximum m): the
- * weights in sc, zero for hidden keys; returns 1 / their sum, or 0 where no key is visible (m
- * stays -INFINITY). */
+ * the softmax over all its scores (those before `from` already in sc, their lanes' maxima in
+ * top): the weights in sc, zero for hidden keys. Returns 1 / their sum, their maximum in m
+ * (-INFINITY where no key is visible: then 0). */
 static inline __attribute__((always_inline)) float softmax_scores(const Attention *a, int64_t r, const vf *qv,
-                                                                  const float *ks, float *sc, int64_t from,
+                                                                  const float *ks, float *sc, int64_t from, vf top,
                                                                   int64_t start, int64_t len, float *m, int64_t ne) {
     const int64_t i = a->rows[r] % a->T, step = a->nkv * a->hd;
     const uint8_t *tm = a->tree_mask ? a->tree_mask + a->rows[r] * a->W : NULL;
     /* keys before `visible` are all visible: the committed prefix, and a causal query's own and
      * earlier ones (a prompt's); those go VW at a time */
     int64_t j = from, visible = tm ? start : start + i + 1;
-    vf top = (vf){0} - INFINITY;
     for (; j + VW <= visible; j += VW) {
         vf s = score_block(qv, ks + j * step, step, a->scale, ne);
         stv(sc + j, s);
         top = sel(s > top, s, top);
     }
+    *m = -INFINITY;
     for (int u = 0; u < VW; u++) *m = top[u] > *m ? top[u] : *m;
     for (; j < len; j++) {
         if (j >= start && !(tm ? tm[j - start] : j - start <= i)) { sc[j] = -INFINITY; continue; }
@@ -669,19 +669,19 @@ static inline __attribute__((always_inline)) void write_output(float *o, vf *eve
 /* One (row, head) pair's attention, with hd = VW ne (ne a constant where `attention_part` inlines
  * it), in registers throughout: a row's of fewer than ATT_TOKENS tokens. Scores first
  * (`softmax_scores`: VW keys at a time while all are visible, with no visibility test), then the
- * weighted sum of values over even and odd keys apart, in key order (added at the end). Summed in memory, key after key, each key waited for the last one's
- * store, and at 256 keys of context a 5-token verification's attention took longer than its
- * matmuls. Every pair is computed in this order whatever else is in the forward (`attend_chunk`
- * too). */
+ * weighted sum of values over even and odd keys apart, in key order (added at the end). Summed in
+ * memory, key after key, each key waited for the last one's store, and at 256 keys of context a
+ * 5-token verification's attention took longer than its matmuls. Every pair is computed in this
+ * order whatever else is in the forward (`attend_chunk` too). */
 static inline __attribute__((always_inline)) void attend(const Attention *a, int64_t pair, float *scores, int64_t ne) {
     const int64_t nq = a->nq, hd = a->hd, step = a->nkv * hd;
     int64_t r = pair / nq, h = pair % nq, b = a->rows[r] / a->T, g = h / a->group;
     int64_t start = a->starts[b], len = start + a->W;
     const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
-    float *o = a->att + r * nq * hd + h * hd, m = -INFINITY;
+    float *o = a->att + r * nq * hd + h * hd, m;
     vf qv[512 / VW];
     for (int64_t e = 0; e < ne; e++) qv[e] = ldv(a->qkv + r * a->QKV + h * hd + VW * e);
-    float inv = softmax_scores(a, r, qv, ks, scores, 0, start, len, &m, ne);
+    float inv = softmax_scores(a, r, qv, ks, scores, 0, (vf){0} - INFINITY, start, len, &m, ne);
     if (m == -INFINITY) { memset(o, 0, hd * sizeof(float)); return; }
     vf even[512 / VW], odd[512 / VW];
     for (int64_t e = 0; e < ne; e++) even[e] = odd[e] = (vf){0};
@@ -697,7 +697,7 @@ static inline __attribute__((always_inline)) void attend_chunk(const Attention *
                                                                float *scores, int64_t ne) {
     const int64_t nq = a->nq, hd = a->hd, step = a->nkv * hd, stride = a->query_stride;
     int64_t b = a->rows[pairs[0] / nq] / a->T, g = pairs[0] % nq / a->group;
-    int64_t start = a->starts[b], len = start + a->W, blocked = start >= VW ? start / VW * VW : 0;
+    int64_t start = a->starts[b], len = start + a->W, blocked = start / VW * VW;
     const float *ks = a->kc + a->slots[b] * a->slot_stride + g * hd, *vs = a->vc + a->slots[b] * a->slot_stride + g * hd;
     float mx[ATT_QUERIES], inv[ATT_QUERIES];
     vf top[ATT_QUERIES], qvs[ATT_QUERIES][512 / VW];
@@ -712,10 +712,7 @@ static inline __attribute__((always_inline)) void attend_chunk(const Attention *
             top[q] = sel(s > top[q], s, top[q]);
         }
     for (int q = 0; q < n; q++) {
-        mx[q] = -INFINITY;
-        if (blocked)
-            for (int u = 0; u < VW; u++) mx[q] = top[q][u] > mx[q] ? top[q][u] : mx[q];
-        inv[q] = softmax_scores(a, pairs[q] / nq, qvs[q], ks, scores + q * stride, blocked, start, len, &mx[q], ne);
+        inv[q] = softmax_scores(a, pairs[q] / nq, qvs[q], ks, scores + q * stride, blocked, top[q], start, len, &mx[q], ne);
         for (int64_t e = 0; e < 2 * ne; e++) stv(scores + (q + 1) * stride - 2 * hd + VW * e, (vf){0});
     }
     for (int64_t t = 0; t < len; t += ATT_TILE) {
