@@ -422,3 +422,20 @@ def test_noise_counts_our_processes_apart_from_foreign_ones():
         assert theirs["foreign_cores"] - ours["foreign_cores"] == pytest.approx(spent / wall, abs=2e-3)
     assert theirs["foreign_cores"] >= spent / wall - 0.05 and theirs["foreign_load"] == (theirs["foreign_cores"] > 0.25)
     assert noise.tree([child.pid], after.procs) == {child.pid}
+
+
+def test_a_level_without_the_baseline_is_not_judged():
+    """`--models spec_draft --aa` once ran no baseline and read "keep" (and the A/A check "passed")
+    at every level, having compared nothing: such a level is inconclusive and says why."""
+    cells = cells_for([(1, 0.5, 1.5, 0.0, 0.7), (4, 0.5, 1.5, 0.0, 0.7)])
+    cells = [c for c in cells if not (c["model"] == "baseline" and c["concurrency"] == 4)]
+    add_intervals(cells, "baseline")
+    [v] = verdicts(cells, G)
+    assert [lv["status"] for lv in v["levels"]] == ["pass", "inconclusive"]
+    assert v["verdict"] == "inconclusive" and "no trials of the baseline `baseline`" in v["reason"]
+    for c in cells:
+        c["model"] = "baseline_aa" if c["model"] == "spec" else c["model"]
+    aa = aa_check(cells, "baseline_aa")
+    assert not aa["passed"] and aa["levels"][1]["result"] == "no baseline"
+    lines = report.trust_lines({"aa_check": {**aa, "levels": aa["levels"][1:]}})
+    assert lines[0].startswith("**A/A check not made** at c=4")

@@ -192,6 +192,7 @@ def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> li
     for c in cells:
         if c["model"] != g.baseline and c["model"] not in skip:
             groups.setdefault((c["workload"], c["model"]), []).append(c)
+    based = {(c["workload"], c["concurrency"]) for c in cells if c["model"] == g.baseline}
     for (workload, model), group in groups.items():
         group.sort(key=lambda c: c["concurrency"])
         peak = group[-1]["concurrency"]
@@ -199,11 +200,19 @@ def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> li
         confidence = family_confidence(sum(r.bounds() for c in group for r in level_rules(g, c["concurrency"] == peak)))
         levels = []
         for c in group:
-            check = level_check(g, c, c["concurrency"] == peak, confidence)
+            check = (level_check(g, c, c["concurrency"] == peak, confidence) if (workload, c["concurrency"]) in based
+                     else unjudged(g.baseline))
             levels.append({"concurrency": c["concurrency"], "rounds_run": _rounds(c), **check})
         out.append({"workload": workload, "model": model, "confidence": confidence, "levels": levels,
                     **decide(levels)})
     return out
+
+
+def unjudged(baseline: str) -> dict:
+    """A level without the baseline's trials: no ratio exists, so no bound on one can pass (a run
+    of `--models spec_draft` alone once read "keep" at every level, having compared nothing)."""
+    return {"status": "inconclusive", "undecided": [], "rounds": None,
+            "reasons": [f"no trials of the baseline `{baseline}` at this level to compare with (add it to --models)"]}
 
 
 def _rounds(cell: dict) -> int:
@@ -221,6 +230,8 @@ def decide(levels: list[dict]) -> dict:
     n = level["concurrency"]
     why = "; ".join(level["reasons"])
     passed = f"passes below concurrency {n}; " if first else ""
+    if level["status"] == "inconclusive" and not level.get("undecided"):  # nothing compared (`unjudged`)
+        return {"verdict": "inconclusive", "keep_below": None, "reason": f"{passed}at concurrency {n}: {why}"}
     if level["status"] == "inconclusive":
         more = (f"about {level['rounds']} rounds in all would likely decide it ({level['rounds_run']} ran)"
                 if level["rounds"] else "the ratio sits on a threshold: more rounds may never decide it")
@@ -248,6 +259,10 @@ def aa_check(cells: list[dict], aa_model: str, margin: float = AA_MARGIN) -> dic
     confidence = family_confidence(len(AA_FIGURES) * len(mine))  # like a verdict: all checks together
     levels = []
     for c in mine:
+        if not any((c.get("ratios") or {}).values()):  # the baseline did not run at this level
+            levels.append({"workload": c["workload"], "concurrency": c["concurrency"], "result": "no baseline",
+                           "differences": []})
+            continue
         diffs = []
         for k in AA_FIGURES:
             d = (c.get("ratios") or {}).get(k)

@@ -161,6 +161,10 @@ def trust_lines(report: dict) -> list[str]:
         if aa["passed"]:
             lines.append(f"A/A check passed: `{aa['model']}` (the baseline under a second name) shows no difference "
                          f"beyond +-{aa['margin']:.0%} at any level.")
+        elif not any(lv["differences"] for lv in aa["levels"]):
+            missing = ", ".join(f"c={lv['concurrency']}" for lv in aa["levels"] if lv["result"] == "no baseline")
+            lines.append(f"**A/A check not made** at {missing}: the baseline did not run there beside `{aa['model']}` "
+                         "(add it to --models); the verdicts there compare nothing.")
         else:
             bad = "; ".join(f"c={lv['concurrency']}: {', '.join(lv['differences'])}" for lv in aa["levels"]
                             if lv["differences"])
