@@ -119,7 +119,7 @@ def test_drafts_right_or_wrong_as_a_whole_are_drafted_deep():
     prompt lookup's real drafts, on 1-2); the first-token and later-token acceptances rate them at
     what they commit, and once probes have measured the later tokens, k = 4 is the pick (the
     other picks below: every other probe of a drafting batch runs plain, an anchor of
-    PLAIN_SETTLE + 1 steps)."""
+    PLAIN_SETTLE + 1 steps, longer while the rate guard has too few plain steps: the first two)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = CostModel([1, 2, 3, 5], [1.0, 1.09, 1.45, 2.2], draft_fixed=0.01, draft_per_level=0.01)
     s = Sequence("r", [1, 2], SamplingParams(max_tokens=10**6), lambda o: None, slot=next(SLOTS))
@@ -128,7 +128,7 @@ def test_drafts_right_or_wrong_as_a_whole_are_drafted_deep():
     for step in range(200):
         [k] = p.choose([s])
         accepted = k if step % 5 else 0
-        p.observe(StepRecord([s], [k], [k], [accepted], [1 if k else 0]))
+        p.observe(StepRecord([s], [k], [k], [accepted], [1 if k else 0], step_seconds=p.cost.verify(1 + k), tokens=1 + k))
         picks.append(k)
     assert p.acceptance(s) == pytest.approx(0.8, abs=0.1) and p.later_acceptance(s) > 0.9
     anchors = 100 // (2 * PROBE_EVERY) + 1
@@ -292,7 +292,10 @@ def test_probes_go_one_candidate_deeper_than_the_pick_and_at_least_two():
 def test_while_the_batch_drafts_every_other_probe_runs_it_plain():
     """An anchor: the curve's points are set against plain steps, which a batch drafting at every
     step would otherwise never measure; it runs PLAIN_SETTLE + 1 steps, the last one settled
-    (`test_the_anchor_is_a_settled_plain_step`); the probes in between still go one candidate deeper."""
+    (`test_the_anchor_is_a_settled_plain_step`), or, while the rate guard holds too few plain steps
+    (here none: nothing is observed), GUARD_SETTLE + GUARD_ANCHOR_SAMPLES
+    (`test_rate_guard.test_long_anchors_time_the_plain_rate_after_drafting_has_worn_off`); the
+    probes in between still go one candidate deeper."""
     p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
     p.cost = CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.025, draft_per_level=0.15)  # per row
     batch = seqs(p, 2, 0.6)
@@ -301,7 +304,8 @@ def test_while_the_batch_drafts_every_other_probe_runs_it_plain():
     assert 0 < pick[0] < 8 and pick[0] == pick[1]
     deeper = p.candidates[p.candidates.index(pick[0]) + 1]
     probes = {step: ks for step, ks in enumerate(picks, 1) if ks != pick}
-    anchors = {step + i: [0, 0] for step in (2 * PROBE_EVERY, 4 * PROBE_EVERY) for i in range(PLAIN_SETTLE + 1)}
+    anchors = {step + i: [0, 0] for step in (2 * PROBE_EVERY, 4 * PROBE_EVERY)
+               for i in range(policy.GUARD_SETTLE + policy.GUARD_ANCHOR_SAMPLES)}
     assert probes == {PROBE_EVERY: [deeper] * 2, 3 * PROBE_EVERY: [deeper] * 2} | {
         step: ks for step, ks in anchors.items() if step <= 4 * PROBE_EVERY}
 

@@ -116,6 +116,16 @@ PLAIN_SETTLE = 2  # plain steps a plain step must follow to be timed at all (`ob
 # (its forward 1.11x, its output 1.25x), the second 1.04-1.05x, the third 1.00x; at batch 1, 1.03-1.04x,
 # 1.01x, 1.00x. Set against first plain steps, a drafting batch of 8 priced drafting 13% low, and
 # a paused one, timing settled steps, priced it right: two regimes, each consistent with its own steps
+GUARD_SETTLE = 4  # plain steps a plain step must follow to be the rate guard's plain sample. Served,
+# a drafting step's responses (one an output: a drafting batch's sender keeps up) still compete
+# with the plain steps after it, where a batch plain for a while sends fewer, coalesced ones: in
+# one process with a sender that builds each response holding the GIL (120 us) and a CPU-bound
+# process beside it, at 16 users the plain steps after fixed k = 3 at batch 8 took 1.27x, 1.23x,
+# 1.18x, 1.10x, 1.06x and 1.05x a baseline engine's plain step. The guard, comparing with the third,
+# saw the draft model drafting at 1.16x its plain rate where it ran 0.81x the baseline's (served,
+# 16 users, 0.79x the baseline's tokens/s). The earlier plain steps are drafting's cost.
+GUARD_ANCHOR_SAMPLES = 4  # ... so while the guard holds too few of them for a batch size, a drafting
+# batch's anchor runs on until it has this many (`RateGuard.wants_plain`)
 MAX_PROBE_GAP = 128  # while speculation is off for the whole batch, each probe that finds it
 # still off doubles the gap to the next, up to this: a paused model drafter's first proposal
 # catches up on every pair since its last (EAGLE-2 at batch 8: about two steps' worth), which
@@ -678,7 +688,7 @@ class Policy:
         # this step (and its follow-up) is a probe of the best-accepting sequence alone: its round
         # is that sequence's evidence, not the engine-wide acceptances' (`observe_round`)
         self.best_only = False
-        self.anchor_left = 0  # plain steps an anchor has still to run (PLAIN_SETTLE)
+        self.anchor_left = 0  # plain steps an anchor has still to run (PLAIN_SETTLE, GUARD_SETTLE)
         self.anchoring = False  # this step is an anchor's: its plain rounds are a timing, not the sequences' choice
         self.slots: dict[int, SlotState] = {}
         self.guard = RateGuard()  # vetoes drafting for a batch size whose drafting steps realized less than its plain ones
@@ -729,7 +739,7 @@ class Policy:
                                {i for i, s in enumerate(seqs) if s.slot in slots})
         self.best_only = False
         self.anchoring = self.anchor_left > 0
-        if self.anchor_left:  # an anchor runs on until its last plain step is settled (PLAIN_SETTLE)
+        if self.anchor_left:  # an anchor runs on until its last plain step is settled (PLAIN_SETTLE, GUARD_SETTLE)
             self.anchor_left -= 1
             return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
         batch = [s.slot for s in seqs]
@@ -770,7 +780,9 @@ class Policy:
             if drafting and self.probes % 2 == 0:  # an anchor, unless plain steps came anyway
                 if self.cost.plain_lately(len(seqs), 2 * PROBE_EVERY):
                     return drafting_ks(caps, pinned, k, drafting)
-                self.anchor_left, self.anchoring = PLAIN_SETTLE, True
+                long = self.guard.wants_plain(len(seqs), self.steps)
+                self.anchor_left = GUARD_SETTLE + GUARD_ANCHOR_SAMPLES - 1 if long else PLAIN_SETTLE
+                self.anchoring = True
                 return drafting_ks(caps, pinned, 0, set())
             # at least 2 tokens deep: a probe of one measures neither beta nor how the proposal's
             # cost grows with depth, and a batch off since its start (k = 0) probed only 1 deep
@@ -965,11 +977,10 @@ class Policy:
 
     def observe_rate(self, number: int, step: StepRecord) -> None:
         """Hand the guard the step's committed tokens and engine seconds: a settled plain step's
-        (after PLAIN_SETTLE plain ones, as the cost model counts them in `observe_verify`: the
-        first plain steps after drafted ones still pay for them), or the drafting regime's (any
-        other step of it)."""
+        (after GUARD_SETTLE plain ones: the first plain steps after drafted ones still pay for
+        them), or the drafting regime's (any other step of it, those first plain steps too)."""
         rows = len(step.seqs)
-        settled = step.tokens == rows and self.cost.plain_run > PLAIN_SETTLE
+        settled = step.tokens == rows and self.cost.plain_run > GUARD_SETTLE
         if settled or self.regime:
             self.guard.add(rows, number, rows + sum(step.accepted), step.proposal_seconds + step.step_seconds, not settled)
 

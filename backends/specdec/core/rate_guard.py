@@ -9,9 +9,9 @@ method tracked its engine time per committed token. So the guard keeps, per batc
 committed tokens and engine seconds (proposal, the policy's own time, step:
 `StepRecord.proposal_seconds`) of the recent steps of each regime:
 drafting (every step the policy drafted by its own choice, with the catch-ups of newcomers and
-resumes, the probes and anchors' first plain steps that drafting brings) and plain (settled
-plain steps: a paused batch's, and the last of each anchor's, which is where a drafting batch
-times one). When drafting's rate falls below GUARD_RATIO of the plain rate over the same window,
+resumes, the probes and anchors' first plain steps that drafting brings) and plain (plain steps
+settled after `policy.GUARD_SETTLE` others: a paused batch's, and the last of a long anchor's,
+which is where a drafting batch times them, `wants_plain`). When drafting's rate falls below GUARD_RATIO of the plain rate over the same window,
 drafting is vetoed for that batch size for GUARD_HOLD steps, doubling with every veto that
 follows a re-trial (up to GUARD_HOLD_MAX); a re-trial that realizes at least the plain rate
 resets the hold. The policy's model still decides where drafting looks best, the k and the rows:
@@ -82,6 +82,15 @@ class RateGuard:
     def __init__(self) -> None:
         self.batches: dict[int, BatchRates] = {}
         self.vetoes = 0  # every batch size's, since start (`specdec:drafting_vetoes`)
+
+    def wants_plain(self, rows: int, step: int) -> bool:
+        """Are there fewer than GUARD_MIN_PLAIN settled plain steps of `rows` in the window? Then
+        a drafting batch's next anchor runs long enough to add some (`policy.GUARD_SETTLE`)."""
+        rates = self.batches.get(rows)
+        if rates is None:
+            return True
+        rates.plain.trim(step - GUARD_WINDOW)
+        return len(rates.plain) < GUARD_MIN_PLAIN
 
     def vetoed(self, rows: int, step: int) -> bool:
         rates = self.batches.get(rows)
