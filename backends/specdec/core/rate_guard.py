@@ -11,11 +11,12 @@ committed tokens and engine seconds (proposal, the policy's own time, step:
 drafting (every step the policy drafted by its own choice, with the catch-ups of newcomers and
 resumes, the probes and anchors' first plain steps that drafting brings) and plain (plain steps
 settled after `policy.GUARD_SETTLE` others: a paused batch's, and the last of a long anchor's,
-which is where a drafting batch times them, `wants_plain`). When drafting's rate falls below GUARD_RATIO of the plain rate over the same window,
-drafting is vetoed for that batch size for GUARD_HOLD steps, doubling with every veto that
-follows a re-trial (up to GUARD_HOLD_MAX); a re-trial that realizes at least the plain rate
-resets the hold. The policy's model still decides where drafting looks best, the k and the rows:
-the guard only says no, from tokens and seconds, not from a model.
+which is where a drafting batch times them, `wants_plain`). When drafting's rate falls below
+GUARD_RATIO of the plain rate over the same window, drafting is vetoed for that batch size for
+GUARD_HOLD steps, doubling with every veto that follows a re-trial (up to GUARD_HOLD_MAX); a
+re-trial that realizes at least the plain rate resets the hold. The policy's model still decides
+where drafting looks best, the k and the rows: the guard only says no, from tokens and seconds,
+not from a model.
 """
 
 from __future__ import annotations
