@@ -192,7 +192,6 @@ def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> li
     for c in cells:
         if c["model"] != g.baseline and c["model"] not in skip:
             groups.setdefault((c["workload"], c["model"]), []).append(c)
-    based = {(c["workload"], c["concurrency"]) for c in cells if c["model"] == g.baseline}
     for (workload, model), group in groups.items():
         group.sort(key=lambda c: c["concurrency"])
         peak = group[-1]["concurrency"]
@@ -200,12 +199,18 @@ def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> li
         confidence = family_confidence(sum(r.bounds() for c in group for r in level_rules(g, c["concurrency"] == peak)))
         levels = []
         for c in group:
-            check = (level_check(g, c, c["concurrency"] == peak, confidence) if (workload, c["concurrency"]) in based
-                     else unjudged(g.baseline))
+            check = level_check(g, c, c["concurrency"] == peak, confidence) if compared(c) else unjudged(g.baseline)
             levels.append({"concurrency": c["concurrency"], "rounds_run": _rounds(c), **check})
         out.append({"workload": workload, "model": model, "confidence": confidence, "levels": levels,
                     **decide(levels)})
     return out
+
+
+def compared(cell: dict) -> bool:
+    """Has the cell a ratio to the baseline (`add_intervals`)? None where the baseline did not run
+    at its level: then neither a verdict (`unjudged`) nor the A/A check (`aa_check`) has anything to
+    judge."""
+    return any((cell.get("ratios") or {}).values())
 
 
 def unjudged(baseline: str) -> dict:
@@ -259,7 +264,7 @@ def aa_check(cells: list[dict], aa_model: str, margin: float = AA_MARGIN) -> dic
     confidence = family_confidence(len(AA_FIGURES) * len(mine))  # like a verdict: all checks together
     levels = []
     for c in mine:
-        if not any((c.get("ratios") or {}).values()):  # the baseline did not run at this level
+        if not compared(c):
             levels.append({"workload": c["workload"], "concurrency": c["concurrency"], "result": "no baseline",
                            "differences": []})
             continue
