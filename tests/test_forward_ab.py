@@ -17,9 +17,10 @@ def test_forward_ab_against_head_times_both_and_agrees(capsys):
 
 
 def test_engine_ab_against_head_checks_outputs_and_times_both(capsys):
-    main(["--rev", "HEAD", "--method", "ngram", "--batch", "8", "--rounds", "1", "--policy", "adaptive"])
+    main(["--rev", "HEAD", "--method", "ngram", "--batch", "8", "--rounds", "1", "--policy", "adaptive", "--engines", "2"])
     out = capsys.readouterr().out
-    assert re.search(r"ngram, batch 8, adaptive policy, 1 thread\(s\), 1 alternating rounds .*: HEAD [\d.]+ s, this checkout [\d.]+ s; "
+    assert re.search(r"ngram, batch 8, adaptive policy, 1 thread\(s\), 2 engine\(s\) a side, 1 alternating rounds .*: HEAD [\d.]+ s, "
+                     r"this checkout [\d.]+ s; "
                      r"speedup median [\d.]+x .*identical outputs", out)
 
 

@@ -6,6 +6,7 @@
     python -m specdec.tools.forward_ab --rev d47dbba --method eagle --batch 8 --policy adaptive --in-flight 4 --max-tokens 32
     python -m specdec.tools.forward_ab --rev 990f673~1 --method draft --batch 8 --in-flight 16 --max-tokens 64 --prompts 32
     python -m specdec.tools.forward_ab --eager --method draft --batch 8
+    python -m specdec.tools.forward_ab --rev HEAD --method draft --policy adaptive --engines 4 --rounds 12
 
 `--eager` compares this checkout with itself, its decoder layers eager (`SPECDEC_NATIVE=0`) on the
 A side: what the native decoder gains on this machine.
@@ -104,15 +105,17 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     from specdec.tools.prompts import heldout_prompts
 
     settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
-    if package is None:
-        with eager_layers():
-            engines = {args.rev: (build_engine(EngineConfig.of(**settings)), SamplingParams)}
-    else:
-        old_config = importlib.import_module(package + ".core.config")
-        old_build = importlib.import_module(package + ".core.engine_config").build_engine
-        old_params = importlib.import_module(package + ".core.sampling").SamplingParams
-        engines = {args.rev: (old_build(old_config.EngineConfig.of(**settings)), old_params)}
-    engines["this checkout"] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
+    engines = {}
+    for i in range(args.engines):  # (rev, i) and ("this checkout", i): each side's engines, built in turn
+        if package is None:
+            with eager_layers():
+                engines[args.rev, i] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
+        else:
+            old_config = importlib.import_module(package + ".core.config")
+            old_build = importlib.import_module(package + ".core.engine_config").build_engine
+            old_params = importlib.import_module(package + ".core.sampling").SamplingParams
+            engines[args.rev, i] = (old_build(old_config.EngineConfig.of(**settings)), old_params)
+        engines["this checkout", i] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
     freeze_heap()
     prompts = heldout_prompts(args.prompts, args.band)
     requests = prompts * -(-ARRIVALS // len(prompts))  # with --in-flight
@@ -129,12 +132,15 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     if len({str(run()) for run in runs.values()}) > 1:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
     times = time_pairs(runs, args.rounds)
-    ratios = sorted(a / b for a, b in zip(*times.values()))
+    # a round's time per side: its engines' runs summed (an adaptive engine's state carries from one
+    # run to the next, and one engine may stay paused through a run where another drafts)
+    sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)] for side in (args.rev, "this checkout")}
+    ratios = sorted(a / b for a, b in zip(*sides.values()))
     load = (f"{len(requests)} x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight
             else f"{len(prompts)} x {args.max_tokens} greedy tokens") + f" ({args.band} prompts)"
-    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.rounds} alternating rounds of {load}"
-          f": {args.rev} {statistics.median(times[args.rev]):.2f} s, this checkout "
-          f"{statistics.median(times['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
+    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.engines} engine(s) a side, "
+          f"{args.rounds} alternating rounds of {load}: {args.rev} {statistics.median(sides[args.rev]):.2f} s, this checkout "
+          f"{statistics.median(sides['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
 
 
@@ -206,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--method", help="A/B whole engines of this method (baseline, ngram, draft, medusa, eagle, eagle2)")
     ap.add_argument("--batch", type=int, default=1, help="--method: KV slots, so sequences decoded together (default: 1)")
     ap.add_argument("--rounds", type=int, default=6, help="--method: alternating generations of each (default: 6)")
+    ap.add_argument("--engines", type=int, default=1,
+                    help="--method: engines a side, each run once a round (default: 1); an adaptive engine's state "
+                         "carries over, and one engine may stay paused through runs where another drafts")
     ap.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed", help="--method: the engines' policy (default: fixed)")
     ap.add_argument("--max-tokens", type=int, default=128, help="--method: greedy tokens per prompt (default: 128)")
     ap.add_argument("--prompts", type=int, default=8,
