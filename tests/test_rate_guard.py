@@ -49,6 +49,28 @@ def test_drafting_at_par_or_better_is_not_vetoed(drafting_rate):
     assert not guard.vetoed(8, step)
 
 
+def test_drafting_that_paid_within_the_window_lets_the_policy_draft_on():
+    """`paid`: at least PAID_MIN_DRAFTED drafting steps at the plain rate or better, within the
+    window and since the last veto."""
+    guard = RateGuard()
+    step = 0
+    for _ in range(GUARD_MIN_PLAIN):
+        guard.add(1, step, 1, 1.0, drafting=False)
+        step += 1
+    for _ in range(rate_guard.PAID_MIN_DRAFTED - 1):
+        guard.add(1, step, 2, 1.5, drafting=True)
+        step += 1
+    assert not guard.paid(1, step)  # too few
+    guard.add(1, step, 2, 1.5, drafting=True)
+    assert guard.paid(1, step) and not guard.paid(8, step)
+    assert not guard.paid(1, step + rate_guard.GUARD_WINDOW + 1)  # a spell older than the window
+    guard = RateGuard()
+    step = feed(guard, 0, drafting_rate=0.9, plain_rate=1.0, rows=1)
+    assert guard.vetoed(1, step) and not guard.paid(1, step)  # vetoed: its steps were cleared
+    guard = RateGuard()
+    assert not guard.paid(1, feed(guard, 0, drafting_rate=0.98, plain_rate=1.0, rows=1))  # not vetoed, not paid
+
+
 def test_a_paused_batchs_plain_steps_stay_within_the_window():
     """A batch that never drafts again adds a plain step at every step and compares nothing:
     its window must still drop the steps older than GUARD_WINDOW (it held every one: a served

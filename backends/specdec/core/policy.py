@@ -108,6 +108,16 @@ PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one ca
 # and a batch drafting at every step never measured one; at batch 8 the draft model's curve put
 # 8 x 2 tokens at 1.17x a plain step where they ran 1.47x, and it drafted at a loss (0.87x). (Not
 # where plain steps come anyway, `CostModel.plain_lately`.)
+DRAFTING_FLOOR = 0.8  # where the rate guard saw drafting pay (`RateGuard.paid`), the policy drafts
+# (its best drafting pick) while its model rates that at least this share of the plain rate: the
+# model's ratio is noisy where the real one sits near 1.1-1.2, and each pause costs more than its
+# plain steps (the drafter's catch-up to resume, a probe to find out). At batch 1 the draft model
+# (fixed k = 4: 1.16x the baseline) read 0.6-0.8 for a sequence's acceptance after one rejected
+# first token (the next rounds accepted nearly as much as any), and in some runs 5 tokens at
+# 3.2-3.4x a plain step where its steps took 2.5-2.8x; it paused every few steps, for good once no
+# step came to correct the curve, and adaptive ran 0.99x the baseline. Drafting so is still
+# drafting to the guard, which vetoes it all where it loses. Below 0.8 the model is rarely that
+# wrong: prompt lookup after a miss reads 0.3-0.5, and accepts 0.8 tokens
 PAIR_GAP = 8  # a step and a settled plain step at most this many steps apart are a pair (`observe_shape`)
 PLAIN_SETTLE = 2  # plain steps a plain step must follow to be timed at all (`observe_verify`) and
 # be a pair's plain step (`observe_shape`); an anchor of a drafting batch runs it plain this many
@@ -693,6 +703,7 @@ class Policy:
         self.slots: dict[int, SlotState] = {}
         self.guard = RateGuard()  # vetoes drafting for a batch size whose drafting steps realized less than its plain ones
         self.drafting_regime = False  # the last search drafted (and was not vetoed)
+        self.best_drafting: tuple[int, list[int], float] = (0, [], 0.0)  # `best`'s best drafting pick: k, rows, its rate over plain's
         # what the coming step is a sample of for the guard: drafting's regime (True), a paused
         # batch's (False), or neither (None: a paused batch's probe and its follow-up)
         self.regime: bool | None = False
@@ -761,6 +772,8 @@ class Policy:
             k, drafting = self.best(caps, alphas, betas, pinned, self.catch_up_charges(seqs, caps, alphas, betas))
             if drafting and self.guard.vetoed(len(seqs), self.steps):
                 k, drafting = 0, set()
+            elif not drafting and self.best_drafting[2] >= DRAFTING_FLOOR and self.guard.paid(len(seqs), self.steps):
+                k, drafting = self.best_drafting[0], set(self.best_drafting[1])
             self.regime = self.drafting_regime = bool(drafting)
             if drafting:
                 self.recheck_at, self.paused_batch = 0, []
@@ -867,7 +880,8 @@ class Policy:
         ones that accept more repay their share of verification more), so speculation turns off
         per sequence (those whose expected gain does not pay their extra verify tokens and their
         catch-up, `charges`) and per batch (k = 0, or no sequence added), wherever the fitted
-        costs say it loses.
+        costs say it loses. The best pick that drafts is kept too, with its rate over the plain
+        one (`best_drafting`): where drafting paid, it may draft anyway (`DRAFTING_FLOOR`).
         """
         n = len(caps)
         charges = charges or [0.0] * n
@@ -893,6 +907,7 @@ class Policy:
         output = cost.output_per_row * n  # every row's response, whatever the step commits
         best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + output)
         best_k = best_m = 0
+        plain_rate, best_drafting = best_rate, (0, 0, 0.0)
         for k in self.candidates[1:]:
             tokens, extra, depth, catch_up = fixed_tokens, fixed_extra, fixed_depth, 0.0
             for m, i in enumerate(order, 1):
@@ -909,6 +924,9 @@ class Policy:
                 r = tokens / (v + draft_s[depth] * rows_factor[fixed_rows + m] + catch_up + output)
                 if r > best_rate:
                     best_rate, best_k, best_m = r, k, m
+                if r > best_drafting[2]:
+                    best_drafting = (k, m, r)
+        self.best_drafting = (best_drafting[0], order[: best_drafting[1]], best_drafting[2] / plain_rate)
         return best_k, set(order[:best_m])
 
     def admit(self, seq: Sequence) -> None:

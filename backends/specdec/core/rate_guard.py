@@ -15,8 +15,9 @@ which is where a drafting batch times them, `wants_plain`). When drafting's rate
 GUARD_RATIO of the plain rate over the same window, drafting is vetoed for that batch size for
 GUARD_HOLD steps, doubling with every veto that follows a re-trial (up to GUARD_HOLD_MAX); a
 re-trial that realizes at least the plain rate resets the hold. The policy's model still decides
-where drafting looks best, the k and the rows: the guard only says no, from tokens and seconds,
-not from a model.
+where drafting looks best, the k and the rows. Where drafting realized at least the plain rate,
+the guard also lets the policy go on drafting where its model rates drafting a little below
+plain (`paid`, `policy.DRAFTING_FLOOR`): those steps are drafting's, judged with it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ GUARD_WINDOW = 512  # steps: each regime's samples within the last this many (th
 # steps hold 16 of them
 GUARD_MIN_PLAIN = 8  # settled plain steps ...
 GUARD_MIN_DRAFTED = 64  # ... and drafting steps in the window before the rates are compared
+PAID_MIN_DRAFTED = 16  # drafting steps before `paid` reads their rate: the draft model at batch 1
+# paused for good after 44 drafting steps at 1.22x the plain rate, before GUARD_MIN_DRAFTED
 GUARD_RATIO = 0.97  # drafting is vetoed below this share of the plain rate: a margin for the
 # window's noise, so that a method drafting at par (where a veto gains nothing) is rarely vetoed
 GUARD_HOLD = 256  # steps a first veto holds; each veto after a re-trial doubles it ...
@@ -92,6 +95,17 @@ class RateGuard:
             return True
         rates.plain.trim(step - GUARD_WINDOW)
         return len(rates.plain) < GUARD_MIN_PLAIN
+
+    def paid(self, rows: int, step: int) -> bool:
+        """Did drafting `rows` (at least PAID_MIN_DRAFTED steps within the window, since its last
+        veto) realize at least the plain rate of the window (at least GUARD_MIN_PLAIN steps)? A
+        drafting spell older than the window says nothing of the load now."""
+        rates = self.batches.get(rows)
+        if rates is None:
+            return False
+        rates.drafting.trim(step - GUARD_WINDOW)
+        return (len(rates.drafting) >= PAID_MIN_DRAFTED and len(rates.plain) >= GUARD_MIN_PLAIN
+                and rates.drafting.rate() >= rates.plain.rate())
 
     def vetoed(self, rows: int, step: int) -> bool:
         rates = self.batches.get(rows)
