@@ -703,7 +703,8 @@ class Policy:
         self.slots: dict[int, SlotState] = {}
         self.guard = RateGuard()  # vetoes drafting for a batch size whose drafting steps realized less than its plain ones
         self.drafting_regime = False  # the last search drafted (and was not vetoed)
-        self.best_drafting: tuple[int, list[int], float] = (0, [], 0.0)  # `best`'s best drafting pick: k, rows, its rate over plain's
+        # `best`'s best drafting pick: k, its rows, its rate over the plain one's (`DRAFTING_FLOOR`)
+        self.best_drafting: tuple[int, list[int], float] = (0, [], 0.0)
         # what the coming step is a sample of for the guard: drafting's regime (True), a paused
         # batch's (False), or neither (None: a paused batch's probe and its follow-up)
         self.regime: bool | None = False

@@ -134,7 +134,8 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     times = time_pairs(runs, args.rounds)
     # a round's time per side: its engines' runs summed (an adaptive engine's state carries from one
     # run to the next, and one engine may stay paused through a run where another drafts)
-    sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)] for side in (args.rev, "this checkout")}
+    sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)]
+             for side in (args.rev, "this checkout")}
     ratios = sorted(a / b for a, b in zip(*sides.values()))
     load = (f"{len(requests)} x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight
             else f"{len(prompts)} x {args.max_tokens} greedy tokens") + f" ({args.band} prompts)"
