@@ -105,16 +105,20 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     from specdec.tools.prompts import heldout_prompts
 
     settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
+    if package is None:
+        def build_rev():
+            with eager_layers():
+                return build_engine(EngineConfig.of(**settings)), SamplingParams
+    else:
+        old_config = importlib.import_module(package + ".core.config")
+        old_build = importlib.import_module(package + ".core.engine_config").build_engine
+        old_params = importlib.import_module(package + ".core.sampling").SamplingParams
+
+        def build_rev():
+            return old_build(old_config.EngineConfig.of(**settings)), old_params
     engines = {}
     for i in range(args.engines):  # (rev, i) and ("this checkout", i): each side's engines, built in turn
-        if package is None:
-            with eager_layers():
-                engines[args.rev, i] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
-        else:
-            old_config = importlib.import_module(package + ".core.config")
-            old_build = importlib.import_module(package + ".core.engine_config").build_engine
-            old_params = importlib.import_module(package + ".core.sampling").SamplingParams
-            engines[args.rev, i] = (old_build(old_config.EngineConfig.of(**settings)), old_params)
+        engines[args.rev, i] = build_rev()
         engines["this checkout", i] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
     freeze_heap()
     prompts = heldout_prompts(args.prompts, args.band)
