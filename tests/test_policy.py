@@ -6,11 +6,12 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from typing import Callable
 
 import pytest
 
 from specdec.core import policy
-from specdec.core.policy import (COLLAPSE_ALPHA, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PLAIN_SETTLE, PROBE_BUDGET,
+from specdec.core.policy import (COLLAPSE_ALPHA, DRAFTING_RECHECK, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PLAIN_SETTLE, PROBE_BUDGET,
                                  PROBE_EVERY, CostModel, Policy, SlotState, StepRecord, expected_tokens)
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -488,6 +489,16 @@ def test_the_next_probe_is_spaced_for_the_catch_up_its_gap_will_cost(per_entry, 
     assert p.probe_gap == gap and p.next_probe == p.steps + gap
 
 
+def counted_searches(p: Policy, monkeypatch, probes: bool = False) -> list[int]:
+    """The step numbers at which `p` searches from now on (`best`); without `probes`, no probes."""
+    if not probes:
+        p.next_probe = 10**6
+    searches: list[int] = []
+    best = p.best
+    monkeypatch.setattr(p, "best", lambda *a: searches.append(p.steps) or best(*a))
+    return searches
+
+
 def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_batch_changes(monkeypatch):
     """Between probes a paused batch's inputs only drift, so the search (`best`) runs every
     PAUSED_RECHECK steps, at once for a changed batch, and speculation resumes within those steps
@@ -495,9 +506,7 @@ def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_ba
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
     batch = seqs(p, 2, 0.6)
-    searches = []
-    best = p.best
-    monkeypatch.setattr(p, "best", lambda *a: searches.append(p.steps) or best(*a))
+    searches = counted_searches(p, monkeypatch, probes=True)
     for _ in range(PROBE_EVERY - 1):
         assert p.choose(batch) == [0, 0]
     assert searches == list(range(1, PROBE_EVERY, PAUSED_RECHECK))
@@ -513,11 +522,8 @@ def test_searches_of_a_paused_batch_back_off_until_it_changes_or_drafts(monkeypa
     starts the gaps again."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
-    p.next_probe = 10**6  # no probes: only the searches
     batch = seqs(p, 2, 0.6)
-    searches = []
-    best = p.best
-    monkeypatch.setattr(p, "best", lambda *a: searches.append(p.steps) or best(*a))
+    searches = counted_searches(p, monkeypatch)
     for _ in range(300):
         assert p.choose(batch) == [0, 0]
     gaps = [b - a for a, b in zip(searches, searches[1:])]
@@ -564,6 +570,7 @@ def test_a_busy_spell_at_the_chosen_token_count_does_not_switch_speculation_off(
     for _ in range(60):
         p.observe(StepRecord([s], [k], [k], [k], [1], propose_seconds=3 * 0.5, depth=k,
                              step_seconds=3 * 1.4, tokens=k + 1))
+    p.observe_unobserved()  # the drafting batch's steps wait for its next search (DRAFTING_RECHECK)
     assert p.cost.load == pytest.approx(3.0, rel=0.05)
     assert p.choose([s]) == [4]
 
@@ -888,13 +895,15 @@ def test_a_batch_drafting_every_step_keeps_the_true_shape_against_settled_plain_
     assert ratios == pytest.approx([2.0] * 5, rel=0.03)
 
 
-def paused_run(observe_at_once: bool, steps: int = 3000) -> tuple[list[list[int]], tuple, int]:
-    """A batch of 8 where speculation does not pay (`compute_bound`), steps with 10% jitter, its
-    probes, and a row replaced by a newcomer every 150 steps: the ks chosen at each step, the
-    policy's state at the end and the most plain steps it left unobserved at once."""
+def batch_run(observe_at_once: bool, cost: Callable[[], CostModel] = compute_bound,
+              step_time: Callable[[int], float] = float, steps: int = 3000) -> tuple[list[list[int]], tuple, int]:
+    """A batch of 8 under `cost`, its steps of n tokens taking step_time(n) with 10% jitter (by
+    default speculation does not pay: the batch is paused but for its probes), and a row replaced
+    by a newcomer every 150 steps: the ks chosen at each step, the policy's state at the end and
+    the most steps it left unobserved at once."""
     rng = random.Random(3)
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = compute_bound()
+    p.cost = cost()
     if observe_at_once:
         p.observe = lambda step: p.observe_step(p.steps, step)
     new = lambda slot: Sequence(f"r{slot}", [1, 2], SamplingParams(max_tokens=10**7), lambda o: None, slot=slot)  # noqa: E731
@@ -913,7 +922,7 @@ def paused_run(observe_at_once: bool, steps: int = 3000) -> tuple[list[list[int]
         n = len(batch) + sum(ks)
         p.observe(StepRecord(batch, ks, list(ks), accepted, [1 if k else 0 for k in ks],
                              propose_seconds=0.05 * (1 + max(ks)) if any(ks) else 0.0, depth=max(ks),
-                             step_seconds=n * rng.lognormvariate(0, 0.1), tokens=n))
+                             step_seconds=step_time(n) * rng.lognormvariate(0, 0.1), tokens=n))
         trace.append(ks)
         held = max(held, len(p.unobserved))
     p.observe_unobserved()
@@ -947,7 +956,38 @@ def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed
     """While `choose` coasts (a paused batch, nothing to search), its plain steps are observed
     together at the next search, probe or admission: the policy must choose the same ks
     at every step and end in the same state as one that observed each step at once."""
-    later, at_once = paused_run(observe_at_once=False), paused_run(observe_at_once=True)
+    later, at_once = batch_run(observe_at_once=False), batch_run(observe_at_once=True)
     assert later[0] == at_once[0] and any(map(any, later[0]))  # the same ks, probes among them
     assert later[1] == at_once[1]
     assert later[2] >= PAUSED_RECHECK and at_once[2] == 0  # steps were left unobserved, then observed
+
+
+def test_a_drafting_batchs_steps_observed_later_leave_the_policy_as_observed_at_once():
+    """A drafting batch keeps its ks for DRAFTING_RECHECK steps and its steps are observed together
+    at the next search: the same ks at every step, and the same state after, as a policy that
+    observed each step at once (its searches read the same observations either way)."""
+    flat = lambda n: 8 + n / 8  # noqa: E731  (verification nearly free: the batch drafts)
+    later, at_once = batch_run(False, memory_bound, flat), batch_run(True, memory_bound, flat)
+    drafted = sum(1 for ks in later[0] if any(ks))
+    assert later[0] == at_once[0] and drafted > len(later[0]) // 2
+    assert later[1] == at_once[1]
+    assert later[2] >= DRAFTING_RECHECK and at_once[2] == 0
+
+
+def test_a_drafting_batch_searches_again_after_drafting_recheck_steps_or_a_new_batch(monkeypatch):
+    """While the same batch drafts, `best` searches every DRAFTING_RECHECK steps (the ks in between
+    are its last pick's); a changed batch searches at once."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = memory_bound()
+    batch = seqs(p, 2, 0.9)
+    searches = counted_searches(p, monkeypatch)
+    picks = []
+    for _ in range(5 * DRAFTING_RECHECK):
+        picks.append(p.choose(batch))
+        p.observe(StepRecord(batch, picks[-1], picks[-1], picks[-1], [1, 1], propose_seconds=1e-4,
+                             depth=max(picks[-1]), step_seconds=1e-3, tokens=2 + sum(picks[-1])))
+    assert min(map(min, picks)) > 0
+    assert searches == list(range(1, 5 * DRAFTING_RECHECK, DRAFTING_RECHECK))
+    assert len(p.unobserved) == DRAFTING_RECHECK  # observed at the next search
+    p.choose(batch[:1])
+    assert searches[-1] == p.steps and not p.unobserved

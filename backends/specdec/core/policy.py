@@ -97,6 +97,7 @@ SHAPE_BOUND = 2.0  # real steps may move a point of the curve this far from the 
 # model, which gains 1.5x at c=1, drafted in 10% of its steps (3 runs of 3 engines sharing 2 cores)
 LOAD_RATE = 0.2  # how far one measured step moves the machine's load factor
 OUTPUT_RATE = 0.05  # how far one batch of sent responses moves the output cost per row and step
+POLICY_RATE = 0.05  # how far one drafting step moves the policy's mean time a drafting step
 PROBE_EVERY = 16  # every this many steps, one step drafts every sequence one candidate k deeper
 # than the policy's pick: it measures the acceptance of sequences that stopped, and the verify and
 # proposal costs just beyond the pick, which the policy otherwise only guesses (so a cost or an
@@ -153,6 +154,12 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # to PAUSED_RECHECK_MAX (nothing it reads moves until a probe drafts): every 8 steps the searches
 # of a paused batch of one were still 1% of a 0.25 ms step.
 PAUSED_RECHECK_MAX = 64
+DRAFTING_RECHECK = 4  # while the same batch drafts, `best` searches again after this many steps (or
+# when the batch changes, or a probe or anchor is due); the steps in between keep its pick and are
+# observed together at the next search. Searched and observed at every step, each right after a
+# target forward had evicted the caches, the policy took 58-65 us of a 0.6 ms prompt-lookup step
+# at batch 1 (fixed k: 6), ~10%; every 4 steps, 35-37 us (every 8, 33: most of what is left is
+# each step's own observation). A rejection waits up to 3 steps to lower the k it was picked at
 ROW_SHARE = 0.5  # each drafting row past the first adds this share of a one-row proposal, until two
 # row counts were timed (the engine times one row and a full batch before serving). Measured at
 # fixed k = 4: a proposal for 8 rows cost 4.1x one row's for the draft model (0.45 a row), 5.0x for
@@ -687,8 +694,8 @@ class Policy:
         self.probes = 0
         self.probing_off = 0  # steps covered by the probe now running while speculation is off (0: none)
         self.narrow_probes = False  # the last such probe cost more than PROBE_BUDGET: probe one sequence
-        # while speculation is off: when to search again, for which slots, and their ks meanwhile
-        self.recheck_at, self.recheck_gap, self.paused_batch, self.paused_ks = 0, PAUSED_RECHECK, [], []
+        # when to search again, for which slots, and their ks meanwhile (a paused batch's gap doubles)
+        self.recheck_at, self.recheck_gap, self.kept_batch, self.kept_ks = 0, PAUSED_RECHECK, [], []
         self.affordable_gap = 0.0  # steps over which a one-sequence probe, as the last one cost, fits PROBE_BUDGET
         # (slots, k): a paused batch's probe that caught its rows up drafts them again the next step,
         # in sync, so that a paused method's proposal cost is timed too (the probe's own time is a
@@ -703,18 +710,25 @@ class Policy:
         self.slots: dict[int, SlotState] = {}
         self.guard = RateGuard()  # vetoes drafting for a batch size whose drafting steps realized less than its plain ones
         self.drafting_regime = False  # the last search drafted (and was not vetoed)
+        # the policy's own time a drafting step, averaged (POLICY_RATE): a proposal's cost with it. A
+        # drafting batch searches once in DRAFTING_RECHECK steps, and the medians the proposal fit
+        # takes (`CostModel.observe_draft`) would see only the steps without a search
+        self.drafting_policy = 0.0
         # `best`'s best drafting pick: k, its rows, its rate over the plain one's (`DRAFTING_FLOOR`)
         self.best_drafting: tuple[int, list[int], float] = (0, [], 0.0)
         # what the coming step is a sample of for the guard: drafting's regime (True), a paused
         # batch's (False), or neither (None: a paused batch's probe and its follow-up)
         self.regime: bool | None = False
-        # `choose` handed a paused batch its ks without a search (nothing it reads has moved): the
-        # plain steps that follow are observed together, in order, at the next call that reads or
-        # moves what they move (`observe_unobserved`). Observed one by one, each right after a
-        # target forward had evicted the caches, they cost 13.7 us of a 0.39 ms plain step at
-        # batch 1 (warm, in a run, 4.9 us): most of what a paused method paid beyond the baseline
+        # `choose` handed the batch its last pick without a search (a paused batch: nothing it reads
+        # has moved; a drafting one: DRAFTING_RECHECK): the steps that follow are observed together,
+        # in order, at the next call that reads or moves what they move (`observe_unobserved`).
+        # Observed one by one, each right after a target forward had evicted the caches, a paused
+        # batch's plain steps cost 13.7 us of a 0.39 ms plain step at batch 1 (warm, in a run,
+        # 4.9 us): most of what a paused method paid beyond the baseline
         self.coasting = False
         self.unobserved: list[tuple[int, StepRecord]] = []  # (the policy's step number, the step)
+        # slot -> (the last unobserved step then, state) of a sequence released with steps of it unobserved
+        self.leaving: dict[int, tuple[int, SlotState]] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
     def cap(self, seq: Sequence) -> int:
@@ -755,12 +769,13 @@ class Policy:
             self.anchor_left -= 1
             return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
         batch = [s.slot for s in seqs]
-        paused = self.steps < self.recheck_at and batch == self.paused_batch
-        if paused and self.steps < self.next_probe:  # the same batch, nothing it reads has moved
+        kept = self.steps < self.recheck_at and batch == self.kept_batch
+        if kept and self.steps < self.next_probe:  # the same batch, not due for a search
             self.coasting = True
-            return self.paused_ks.copy()
-        # (steps are left unobserved only after this return: a follow-up or an anchor, above,
-        # comes right after a search, never after coasting)
+            return self.kept_ks.copy()
+        paused = kept and not self.drafting_regime
+        # (steps are left unobserved only after this return or a drafting search's, below: a
+        # follow-up or an anchor, above, follows a probe, which never coasts)
         self.observe_unobserved()
         caps = [self.cap(s) for s in seqs]
         states = [self.slots[slot] for slot in batch]
@@ -775,14 +790,14 @@ class Policy:
                 k, drafting = 0, set()
             elif not drafting and self.best_drafting[2] >= DRAFTING_FLOOR and self.guard.paid(len(seqs), self.steps):
                 k, drafting = self.best_drafting[0], set(self.best_drafting[1])
+            same = batch == self.kept_batch and not self.drafting_regime
             self.regime = self.drafting_regime = bool(drafting)
             if drafting:
-                self.recheck_at, self.paused_batch = 0, []
+                self.recheck_at, self.kept_batch = 0, []
             else:  # off again for the same batch (nothing drafted since): search less often
-                same = batch == self.paused_batch
                 self.recheck_gap = min(2 * self.recheck_gap, PAUSED_RECHECK_MAX) if same else PAUSED_RECHECK
-                self.recheck_at, self.paused_batch = self.steps + self.recheck_gap, batch
-                self.paused_ks = drafting_ks(caps, pinned, 0, set())
+                self.recheck_at, self.kept_batch = self.steps + self.recheck_gap, batch
+                self.kept_ks = drafting_ks(caps, pinned, 0, set())
         if drafting and self.probe_gap > PROBE_EVERY:  # speculation pays again: probe at the usual pace
             self.probe_gap, self.next_probe = PROBE_EVERY, min(self.next_probe, self.steps + PROBE_EVERY)
             self.affordable_gap = 0.0  # the drafter is kept in sync again: its next pause is measured afresh
@@ -810,7 +825,11 @@ class Policy:
             if not drafting:
                 self.regime = None
             return drafting_ks(caps, pinned, probe, probing)
-        return drafting_ks(caps, pinned, k, drafting)
+        ks = drafting_ks(caps, pinned, k, drafting)
+        if drafting:  # kept for DRAFTING_RECHECK steps, this one's observation with theirs
+            self.recheck_at, self.kept_batch, self.kept_ks = self.steps + DRAFTING_RECHECK, batch, ks.copy()
+            self.coasting = True
+        return ks
 
     def catch_up_entries(self, backlog: int) -> int:
         """Of a drafter's backlog, the entries that are a catch-up: past what a drafting sequence's
@@ -936,45 +955,58 @@ class Policy:
         self.slots[seq.slot] = SlotState(acceptance=self.alpha, later=self.beta)
 
     def release(self, slot: int) -> None:
-        """Forget a finished sequence. The plain steps left unobserved stay so (their rounds of it
-        are skipped when they are observed, as they were at once: it is gone): a release comes
-        within a step, in its output phase, and observing them there put the policy's time into
-        the step's own, which the cost model and the guard read as the target's."""
-        self.slots.pop(slot, None)
+        """Forget a finished sequence. The steps left unobserved stay so: a release comes within a
+        step, in its output phase, and observing them there put the policy's time into the step's
+        own, which the cost model and the guard read as the target's. Its rounds in them still
+        count when they are observed (`leaving`); a step observed after this (the one it finished
+        in) skips it, as observed at once."""
+        state = self.slots.pop(slot, None)
+        if state is not None and self.unobserved:
+            self.leaving[slot] = (self.unobserved[-1][0], state)
 
     def observe(self, step: StepRecord) -> None:
-        """Learn from one decode step (`observe_step`), or, a plain step while coasting, later. A
-        fixed k and the baseline learn nothing: nothing reads what they would (their acceptances'
+        """Learn from one decode step (`observe_step`), or, while coasting, later: a drafting
+        batch's steps, a paused batch's plain ones (a pinned row's draft moves what a search reads).
+        A fixed k and the baseline learn nothing: nothing reads what they would (their acceptances'
         bookkeeping was 5 us of the baseline's 0.26 ms step at batch 1)."""
         if not self.adaptive:
             return
-        if self.coasting and step.tokens == len(step.seqs) and not any(step.ks):
+        if self.coasting and (self.drafting_regime or (step.tokens == len(step.seqs) and not any(step.ks))):
             self.unobserved.append((self.steps, step))
             return
         self.observe_unobserved()
         self.observe_step(self.steps, step)
 
     def observe_unobserved(self) -> None:
-        """Observe the plain steps left while coasting, in the order they ran. What they move (the
-        load, the plain steps' times, the guard's plain rate, the acceptances' decay) is read
-        only by a search, a probe or an admission (its slot may be a released one's), each of
-        which calls this first. Their rounds are counted together: each sequence's evidence
-        decays once a step (the same multiplications as one by one), its estimates made once
-        after (nothing reads them in between): observed round by round, they were 5.4 us of the
-        9.8 us a paused batch of 8 spent observing a plain step, and a paused method's
-        observations 2% of its engine time."""
+        """Observe the steps left while coasting, in the order they ran. What they move (the
+        load, the curve, the proposal's cost, the guard's rates, the acceptances) is read only
+        by a search, a probe or an admission (its slot may be a released one's), each of which
+        calls this first. A drafting step is observed as at once (`observe_step`); plain steps'
+        rounds are counted together: each sequence's evidence decays once a step (the same
+        multiplications as one by one), its estimates made once after (nothing reads them in
+        between): observed round by round, they were 5.4 us of the 9.8 us a paused batch of 8
+        spent observing a plain step, and a paused method's observations 2% of its engine time."""
         if self.unobserved:
             steps, self.unobserved = self.unobserved, []
             rounds: dict[int, int] = {}  # slot -> the plain rounds it ran among them
             for number, step in steps:
+                if step.tokens != len(step.seqs) or any(step.ks):
+                    self.decay_rounds(rounds)
+                    rounds = {}
+                    self.observe_step(number, step)
+                    continue
                 self.observe_timing(number, step)
                 for s in step.seqs:
                     rounds[s.slot] = rounds.get(s.slot, 0) + 1
-            for slot, n in rounds.items():
-                state = self.slots.get(slot)
-                if state is not None:  # not finished since
-                    state.decay(DECAY, n)
-                    self.estimate_own(state)
+            self.decay_rounds(rounds)
+            self.leaving.clear()
+
+    def decay_rounds(self, rounds: dict[int, int]) -> None:
+        for slot, n in rounds.items():
+            state = self.slots.get(slot)
+            if state is not None:  # not finished since
+                state.decay(DECAY, n)
+                self.estimate_own(state)
 
     def observe_step(self, number: int, step: StepRecord) -> None:
         """Learn from decode step `number`: proposal and step costs, then each sequence's acceptance.
@@ -987,8 +1019,12 @@ class Policy:
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
         decay = 1.0 if self.anchoring else DECAY
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
-            if s.slot in self.slots:  # not finished in this step
-                self.observe_round(self.slots[s.slot], depth, accepted, decay, engine_wide=not self.best_only)
+            state = self.slots.get(s.slot)
+            if state is None and s.slot in self.leaving:  # finished since this step, observed later
+                last, state = self.leaving[s.slot]
+                state = state if number <= last else None
+            if state is not None:  # not finished in this step
+                self.observe_round(state, depth, accepted, decay, engine_wide=not self.best_only)
 
     def observe_timing(self, number: int, step: StepRecord) -> None:
         """The step's time: the cost model's curve and load, and the guard's rates."""
@@ -1025,9 +1061,13 @@ class Policy:
             self.affordable_gap = self.affordable_probe_gap(cost / len(drafted), sum(fed) / len(fed), budget)
             self.probe_gap = max(self.probe_gap, self.budget_gap())  # from this probe on, not the next
             self.next_probe = self.steps + self.probe_gap
-        if step.tokens != len(step.seqs):  # a step with drafts moves costs and acceptances: search again
-            self.recheck_at, self.paused_batch = 0, []
-        self.observe_draft_time(step.proposal_seconds, step.depth, step.backlogs, sum(1 for k in step.ks if k > 0))
+        if step.tokens != len(step.seqs) and not self.drafting_regime:  # a paused batch's step with drafts
+            self.recheck_at, self.kept_batch = 0, []  # moves costs and acceptances: search again
+        seconds = step.proposal_seconds
+        if self.regime:  # its search's time lands on one step in DRAFTING_RECHECK: spread
+            self.drafting_policy += POLICY_RATE * (step.policy_seconds - self.drafting_policy)
+            seconds = step.propose_seconds + self.drafting_policy
+        self.observe_draft_time(seconds, step.depth, step.backlogs, sum(1 for k in step.ks if k > 0))
 
     def observe_round(
         self, state: SlotState, depth_drafted: int, accepted: int, decay: float = DECAY, engine_wide: bool = True,
