@@ -1002,6 +1002,8 @@ class Policy:
             self.leaving.clear()
 
     def decay_rounds(self, rounds: dict[int, int]) -> None:
+        """Each sequence's evidence decayed over its plain rounds (slot -> how many), its estimates
+        made once after; a finished sequence's are skipped (its state is gone)."""
         for slot, n in rounds.items():
             state = self.slots.get(slot)
             if state is not None:  # not finished since
