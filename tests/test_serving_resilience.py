@@ -325,23 +325,35 @@ def test_a_tritonserver_killed_while_a_model_reloads_is_restarted_at_once(repo, 
         serve.close()
 
 
+SERVER_CRASH = "tritonserver exited"  # the watchdog's line when tritonserver itself died
+
+
 def test_restarts_count_each_reload_of_a_model_once(repo, tmp_path):
     """Its stub killed twice on one tritonserver, spec_ngram counts 2 restarts. A dead stub never
     deletes its metrics, so its reload's stub gets them back with their values: one that added the
     watchdog's whole count on top read 1 + 2 = 3 here (and 5 in a CI run whose tritonserver had
-    crashed at two of three kills)."""
-    serve = Serve(tmp_path, repo, "--models", "spec_ngram").wait_ready()
-    try:
-        for kill in (1, 2):
+    crashed at two of three kills). Triton 2.51 itself sometimes aborts while reloading a model
+    whose stub was killed (an uncaught C++ exception in libtriton_python.so; CI at 058f5c9): then
+    the premise, one tritonserver, is gone, and the scenario runs again on a fresh server, at most
+    3 times."""
+    for attempt in range(3):
+        (tmp_path / str(attempt)).mkdir()
+        serve = Serve(tmp_path / str(attempt), repo, "--models", "spec_ngram").wait_ready()
+        try:
+            for kill in (1, 2):
+                assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 60), serve.text
+                os.kill(stub_pids(serve.server_pid())["spec_ngram"].pop(), signal.SIGKILL)
+                assert wait_for(lambda: SERVER_CRASH in serve.text
+                                or serve.text.count("spec_ngram serves again") == kill, 60), serve.text
             assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 60), serve.text
-            os.kill(stub_pids(serve.server_pid())["spec_ngram"].pop(), signal.SIGKILL)
-            assert wait_for(lambda: serve.text.count("spec_ngram serves again") == kill, 60), serve.text
-        assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 60), serve.text
-        assert "tritonserver exited" not in serve.text, serve.text
-        assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == 2
-        assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 0
-    finally:
-        serve.close()
+            if SERVER_CRASH in serve.text:
+                continue
+            assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == 2
+            assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 0
+            return
+        finally:
+            serve.close()
+    pytest.fail(f"tritonserver crashed at a stub's reload in all 3 attempts; the last:\n{serve.text}")
 
 
 # ---- shutdown ---------------------------------------------------------------------------------------
