@@ -158,7 +158,7 @@ DRAFTING_RECHECK = 4  # while the same batch drafts, `best` searches again after
 # when the batch changes, or a probe or anchor is due); the steps in between keep its pick and are
 # observed together at the next search. Searched and observed at every step, each right after a
 # target forward had evicted the caches, the policy took 58-65 us of a 0.6 ms prompt-lookup step
-# at batch 1 (fixed k: 6), ~10%; every 4 steps, 35-37 us (every 8, 33: most of what is left is
+# at batch 1 (fixed k: 6), ~10%; every 4 steps, 35-38 us (every 8, 33: most of what is left is
 # each step's own observation). A rejection waits up to 3 steps to lower the k it was picked at
 ROW_SHARE = 0.5  # each drafting row past the first adds this share of a one-row proposal, until two
 # row counts were timed (the engine times one row and a full batch before serving). Measured at
