@@ -672,6 +672,11 @@ class StepRecord:
     # baseline. It counts with the proposal's time (`proposal_seconds`).
 
     @property
+    def plain(self) -> bool:
+        """No sequence drafted, nor was asked to (a prompt-lookup row that found no match was)."""
+        return self.tokens == len(self.seqs) and not any(self.ks)
+
+    @property
     def proposal_seconds(self) -> float:
         """What drafting cost this step beyond the target's step: the proposal and the policy's own time."""
         return self.propose_seconds + self.policy_seconds
@@ -971,7 +976,7 @@ class Policy:
         bookkeeping was 5 us of the baseline's 0.26 ms step at batch 1)."""
         if not self.adaptive:
             return
-        if self.coasting and (self.drafting_regime or (step.tokens == len(step.seqs) and not any(step.ks))):
+        if self.coasting and (self.drafting_regime or step.plain):
             self.unobserved.append((self.steps, step))
             return
         self.observe_unobserved()
@@ -990,7 +995,7 @@ class Policy:
             steps, self.unobserved = self.unobserved, []
             rounds: dict[int, int] = {}  # slot -> the plain rounds it ran among them
             for number, step in steps:
-                if step.tokens != len(step.seqs) or any(step.ks):
+                if not step.plain:
                     self.decay_rounds(rounds)
                     rounds = {}
                     self.observe_step(number, step)
@@ -1014,7 +1019,7 @@ class Policy:
         """Learn from decode step `number`: proposal and step costs, then each sequence's acceptance.
         A plain step (no sequence drafted: a paused batch's) moves only the step's cost and the
         acceptances' decay; the proposal bookkeeping it skips cost 2 us a step at batch 1."""
-        if step.tokens != len(step.seqs) or any(step.ks):
+        if not step.plain:
             self.observe_proposal(step)
         self.observe_timing(number, step)
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
