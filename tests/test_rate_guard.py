@@ -71,6 +71,22 @@ def test_drafting_that_paid_within_the_window_lets_the_policy_draft_on():
     assert not guard.paid(1, feed(guard, 0, drafting_rate=0.98, plain_rate=1.0, rows=1))  # not vetoed, not paid
 
 
+def test_paid_reads_the_plain_rate_of_the_window_as_of_its_step():
+    """Both windows are trimmed to `paid`'s own step. The plain one was read as the batch size's
+    last `add` had trimmed it, and plain steps older than GUARD_WINDOW (slow ones here) still
+    pulled its rate down: drafting read as paid against a plain rate of steps long gone."""
+    guard = RateGuard()
+    for step in range(GUARD_MIN_PLAIN):  # old and slow: 0.5 tokens a second
+        guard.add(1, step, 1, 2.0, drafting=False)
+    start = rate_guard.GUARD_WINDOW // 2
+    for step in range(start, start + GUARD_MIN_PLAIN):  # recent: 1 token a second
+        guard.add(1, step, 1, 1.0, drafting=False)
+    for step in range(start + GUARD_MIN_PLAIN, start + GUARD_MIN_PLAIN + rate_guard.PAID_MIN_DRAFTED):
+        guard.add(1, step, 2, 2.5, drafting=True)  # 0.8 tokens a second
+    assert guard.paid(1, step)  # the window holds both plain spells: 0.67 tokens a second
+    assert not guard.paid(1, rate_guard.GUARD_WINDOW + GUARD_MIN_PLAIN)  # the recent one alone
+
+
 def test_a_paused_batchs_plain_steps_stay_within_the_window():
     """A batch that never drafts again adds a plain step at every step and compares nothing:
     its window must still drop the steps older than GUARD_WINDOW (it held every one: a served

@@ -104,6 +104,7 @@ class RateGuard:
         if rates is None:
             return False
         rates.drafting.trim(step - GUARD_WINDOW)
+        rates.plain.trim(step - GUARD_WINDOW)
         return (len(rates.drafting) >= PAID_MIN_DRAFTED and len(rates.plain) >= GUARD_MIN_PLAIN
                 and rates.drafting.rate() >= rates.plain.rate())
 
