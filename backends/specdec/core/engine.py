@@ -360,7 +360,7 @@ class Engine:
             seq.stats.steps += 1
             running = self._emit(seq, accepted + [verdict.bonus])
             self._lap("output")
-            if running and self.proposer is not None:
+            if running and self.proposer is not None and (draft.tokens or self.proposer.commits_undrafted):
                 self.proposer.commit(seq, verdict.path, lambda b=b, offsets=offsets: accepted_features(hidden[b], offsets))
                 self._lap("commit")
         t4 = time.perf_counter()

@@ -16,6 +16,9 @@ from specdec.core.verify import Draft
 
 class Proposer(Protocol):
     max_k: int  # the largest number of draft tokens (tree nodes) it proposes per step
+    # does `commit` keep anything for a row that drafted nothing (EAGLE's and Medusa's target
+    # features)? Where not (the draft model, prompt lookup), the engine skips it for such rows
+    commits_undrafted: bool
 
     def depth_for(self, k: int) -> int:
         """How deep a draft of k tokens (tree nodes) reaches: what its proposal time grows with."""
