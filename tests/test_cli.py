@@ -101,10 +101,28 @@ def test_bench_runs_an_aa_pair_and_shuffles_each_repeats_order(kit, tmp_path, ca
     assert any(len(neighbours) > 1 for neighbours in before.values()), orders
 
 
+def test_bench_in_flight_keeps_requests_arriving_after_the_batch_sizes(kit, tmp_path, capsys):  # noqa: F811
+    """--in-flight N: at most N requests run, each finished one submitting the next (48 requests
+    from 2 prompts), after the batch sizes asked for and beside the same baseline's runs."""
+    figures, out = run_bench(kit, tmp_path, capsys, "--methods", "ngram", "--repeats", "1", "--batch-sizes", "2",
+                             "--in-flight", "2", "--policy", "adaptive", "--profile")
+    assert [(f["label"], f["batch"], f["in_flight"]) for f in figures] == [
+        ("baseline", 2, 0), ("ngram", 2, 0), ("baseline", 2, 2), ("ngram", 2, 2)]
+    for f in figures[2:]:
+        assert f["identical_share"] == 1.0 and f["tokens_per_s"] > 0
+        assert f"| 2 in flight | {f['label']} | {f['tokens_per_s']:.1f} |" in out
+        assert f"| 2 in flight | {f['label']} | {f['step_ms']['step']:.2f} |" in out  # the profile table
+    assert "  2 in flight repeat 1/1 ngram" in out
+    figures, _ = run_bench(kit, tmp_path, capsys, "--methods", "ngram", "--repeats", "1", "--in-flight", "2")
+    assert {f["in_flight"] for f in figures} == {2}  # no batch sizes by default with --in-flight
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--policies", "fixed,greedy", "--policies: policy must be one of adaptive, fixed, got 'greedy'"),
     ("--batch-sizes", "1,x", "--batch-sizes must be whole numbers separated by commas, got '1,x'"),
     ("--batch-sizes", "0", "--batch-sizes must be at least 1, got '0'"),
+    ("--in-flight", "4,0", "--in-flight must be at least 1, got '4,0'"),
+    ("--batch-sizes", "", "nothing to run: give --batch-sizes, --in-flight or both"),
 ])
 def test_bench_refuses_bad_lists_by_name(kit, flag, value, message):  # noqa: F811
     with pytest.raises(SystemExit, match=re.escape(message)):

@@ -35,26 +35,6 @@ def test_engine_ab_takes_the_prompts_of_a_band(capsys):
     assert re.search(r"1 alternating rounds of 2 x 2 greedy tokens \(long prompts\): .*identical outputs", capsys.readouterr().out)
 
 
-def test_arrivals_keep_that_many_in_flight_and_return_each_prompts_tokens():
-    """`--in-flight`: each finished request submits the next, so the batch never holds more than
-    that many and changes as they finish; every prompt gets what `generate` gives it."""
-    from specdec.core.config import EngineConfig
-    from specdec.core.engine_config import build_engine
-    from specdec.core.sampling import SamplingParams
-    from specdec.tools.bench import kit_paths
-    from specdec.tools.forward_ab import arrivals
-    from specdec.paths import DEMO_KIT
-    from specdec.tools.prompts import heldout_prompts
-
-    engine = build_engine(EngineConfig.of(method="ngram", max_batch=8, policy="fixed", **kit_paths(DEMO_KIT)))
-    prompts, params = heldout_prompts(5), SamplingParams(max_tokens=12, ignore_eos=True)
-    batches, step = [], engine.step
-    engine.step = lambda: batches.append(len(engine.running) + len(engine.queue)) or step()
-    outputs = arrivals(engine, params, prompts, 2)
-    assert max(batches) == 2 and len(batches) > 12  # more steps than one generation: they queued
-    assert outputs == [r.token_ids for r in engine.generate(prompts, params)]
-
-
 def test_engine_ab_against_eager_layers(capsys):
     """`--eager`: the A side is this checkout with its decoder layers eager, the B side native."""
     import pytest

@@ -72,6 +72,19 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0 if last.error is None else 1
 
 
+def counts(flag: str, text: str | None) -> list[int]:
+    """A flag's comma-separated whole numbers, each at least 1 (none given: [])."""
+    if not text:
+        return []
+    try:
+        values = [int(b) for b in text.split(",")]
+    except ValueError:
+        sys.exit(f"specdec bench: {flag} must be whole numbers separated by commas, got {text!r}")
+    if min(values) < 1:
+        sys.exit(f"specdec bench: {flag} must be at least 1, got {text!r}")
+    return values
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from specdec.tools.bench import (available_methods, bench, peer_table, profile_table, table,
                                       write_json)
@@ -83,21 +96,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if "baseline" not in methods:
         methods.insert(0, "baseline")
     prompts = load_jsonl(a.prompts_file)[: a.prompts] if a.prompts_file else heldout_prompts(a.prompts, a.band, a.seed)
-    try:
-        sizes = [int(b) for b in a.batch_sizes.split(",")]
-    except ValueError:
-        sys.exit(f"specdec bench: --batch-sizes must be whole numbers separated by commas, got {a.batch_sizes!r}")
-    if min(sizes) < 1:
-        sys.exit(f"specdec bench: --batch-sizes must be at least 1, got {a.batch_sizes!r}")
+    sizes = counts("--batch-sizes", a.batch_sizes if a.batch_sizes is not None or a.in_flight else "1,8")
+    in_flight = counts("--in-flight", a.in_flight)
+    if not sizes and not in_flight:
+        sys.exit("specdec bench: nothing to run: give --batch-sizes, --in-flight or both")
     try:
         policies = [SETTINGS["policy"].from_text(p) for p in a.policies.split(",")] if a.policies else [cfg.scheduler.policy]
     except ValueError as e:
         sys.exit(f"specdec bench: --policies: {e}")
     print(f"bench: {len(prompts)} {a.band} held-out code prompts, {a.max_tokens} greedy tokens each, "
-          f"batch sizes {sizes}, k={cfg.proposer.k} ({', '.join(policies)}), {a.repeats} interleaved repeats, "
+          f"batch sizes {sizes}{f', {in_flight} in flight' if in_flight else ''}, k={cfg.proposer.k} ({', '.join(policies)}), {a.repeats} interleaved repeats, "
           f"{cfg.runtime.device} {cfg.runtime.dtype}")
     figures = bench(cfg, methods, prompts, sizes, a.max_tokens, a.repeats, peer=a.peer, policies=policies,
-                    aa=a.aa, seed=a.seed)
+                    aa=a.aa, seed=a.seed, in_flight=in_flight)
     print(table(figures))
     if a.peer:
         print(f"\n{a.peer} peer, interleaved with specdec (same checkpoints, prompt ids, k):")
@@ -138,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="baseline vs every method side by side: tok/s, speedup, acceptance")
     engine_args(b)
     b.add_argument("--methods", help="comma-separated (default: every method the kit supports)")
-    b.add_argument("--batch-sizes", default="1,8")
+    b.add_argument("--batch-sizes", help="comma-separated, each a batch of that many prompts admitted at once "
+                   "(default: 1,8, or none with --in-flight)")
+    b.add_argument("--in-flight", help="comma-separated: also keep this many requests in flight, each finished "
+                   "one submitting the next (the prompts repeated to at least 48, the first ones' lengths "
+                   "staggered): the batch changes as a served engine's does")
     b.add_argument("--prompts", type=int, default=8)
     b.add_argument("--prompts-file", help="JSONL with a \"prompt\" per line (default: held-out stdlib code)")
     b.add_argument("--band", default="short", choices=["short", "long"])

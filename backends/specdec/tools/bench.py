@@ -25,6 +25,7 @@ import torch
 from specdec.core.engine import PHASES, Engine, EngineMetrics
 from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine, freeze_heap
+from specdec.tools.arrivals import arrivals, repeated
 from specdec.tools.kit.evaluate import distinct_n
 from specdec.tools.loadtest.intervals import paired_ratio
 from specdec.tools.loadtest.matrix import aa_name
@@ -36,7 +37,8 @@ from specdec.core.sampling import SamplingParams
 @dataclass
 class MethodFigures:
     method: str
-    batch: int
+    batch: int  # the engine's batch: every prompt admitted at once, or at most `in_flight` of them
+    in_flight: int  # requests kept in flight, each finished one submitting the next (`tools.arrivals`); 0: none
     policy: str  # the draft-length policy it ran under (the baseline drafts nothing under either)
     label: str  # as the tables name it: the method, or `method/policy` where a run compares policies
     tokens_per_s: float
@@ -79,10 +81,10 @@ def available_methods(paths: dict[str, str]) -> list[str]:
     return methods
 
 
-def run_once(engine: Engine, prompts: list[str], params: SamplingParams) -> tuple[float, list[list[int]], list]:
+def run_once(engine: Engine, prompts: list[str], params: SamplingParams, in_flight: int = 0) -> tuple[float, list[list[int]], list]:
     engine.metrics = EngineMetrics()
     t0 = time.perf_counter()
-    results = engine.generate(prompts, params)
+    results = arrivals(engine, params, prompts, in_flight) if in_flight else engine.generate(prompts, params)
     seconds = time.perf_counter() - t0
     return seconds, [r.token_ids for r in results], [r.stats for r in results]
 
@@ -155,9 +157,13 @@ def variants(methods: list[str], policies: list[str]) -> dict[str, tuple[str, st
 def bench(
     base: EngineConfig, methods: list[str], prompts: list[str], batch_sizes: list[int], max_tokens: int,
     repeats: int, log=print, peer: str | None = None, policies: list[str] | None = None, aa: bool = False,
-    seed: int = 0,
+    seed: int = 0, in_flight: list[int] = (),
 ) -> list[MethodFigures]:
-    """`policies` (default: the base config's): with more than one, every speculative method runs
+    """`in_flight`: after the batch sizes, runs that keep each of these many requests in flight
+    (the prompts repeated, `tools.arrivals`): the batch changes as requests finish, as a served
+    engine's does, and the adaptive policy searches at every change (no peers there).
+
+    `policies` (default: the base config's): with more than one, every speculative method runs
     under each, interleaved in the same repeats, so adaptive and fixed k are compared side by side
     (two runs, one per policy, each against its own baseline, differed by more than the machine's
     drift lets two runs be compared: 1.19x against 1.55x for the draft model at batch 1).
@@ -175,10 +181,13 @@ def bench(
         labels = {"baseline": labels["baseline"], aa_name("baseline"): ("baseline", policies[0]),
                   **{k: v for k, v in labels.items() if k != "baseline"}}
     order = random.Random(seed)
-    for batch in batch_sizes:
+    loads = [(batch, 0) for batch in batch_sizes] + [(n, n) for n in in_flight]
+    for batch, flying in loads:
+        requests = repeated(prompts) if flying else prompts
+        load = f"{flying} in flight" if flying else f"batch {batch}"
         engines = {label: build_engine(base.with_(method=m, max_batch=batch, policy=p)) for label, (m, p) in labels.items()}
         freeze_heap()
-        if batch == batch_sizes[0]:
+        if (batch, flying) == loads[0]:
             curve = verify_cost_curve(engines["baseline"])
             log("target forward time vs tokens (relative to 1): "
                 + ", ".join(f"{n}: {r:.2f}" for n, r in curve.items()))
@@ -189,7 +198,7 @@ def bench(
         stats: dict[str, list] = {}
         runs: dict[str, list[EngineMetrics]] = {m: [] for m in labels}
         hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" else None
-        peers = hf.methods(batch) if hf else []
+        peers = hf.methods(batch) if hf and not flying else []
         peer_seconds: dict[str, list[float]] = {p: [] for p in peers}
         peer_outputs: dict[str, list[list[int]]] = {}
         prompt_ids = [engines["baseline"].tokenizer.encode(p) for p in prompts]
@@ -202,27 +211,27 @@ def bench(
             order.shuffle(names)
             for m in names:
                 eng = engines[m]
-                s, outputs[m], stats[m] = run_once(eng, prompts, params)
+                s, outputs[m], stats[m] = run_once(eng, requests, params, flying)
                 seconds[m].append(s)
                 runs[m].append(eng.metrics)
-                log(f"  batch {batch} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
+                log(f"  {load} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
             for p in peers:
                 s, peer_outputs[p] = hf.run(p, prompt_ids, batch, max_tokens)
                 peer_seconds[p].append(s)
-                log(f"  batch {batch} repeat {r + 1}/{repeats} {p:9s} {sum(map(len, peer_outputs[p])) / s:8.1f} tok/s")
-        base_rates = [forward_rate(run, len(prompts)) for run in runs["baseline"]]
+                log(f"  {load} repeat {r + 1}/{repeats} {p:9s} {sum(map(len, peer_outputs[p])) / s:8.1f} tok/s")
+        base_rates = [forward_rate(run, len(requests)) for run in runs["baseline"]]
         for m, (method, policy) in labels.items():
             mt = runs[m][-1]  # the last repeat's counters (acceptance, drafts)
             tokens = sum(map(len, outputs[m]))
             ratios = [seconds["baseline"][r] / seconds[m][r] for r in range(repeats)]
             rounds = sum(st.steps - 1 for st in stats[m])
             tau = sum(st.output_tokens - 1 for st in stats[m]) / max(rounds, 1)
-            bounds = [forward_rate(run, len(prompts)) / base for run, base in zip(runs[m], base_rates)]
+            bounds = [forward_rate(run, len(requests)) / base for run, base in zip(runs[m], base_rates)]
             identical = [a == b for a, b in zip(outputs[m], outputs["baseline"])]
             margins = [divergence_margin(engines[m], p, ref, got)
-                       for p, ref, got, same in zip(prompts, outputs["baseline"], outputs[m], identical) if not same]
+                       for p, ref, got, same in zip(requests, outputs["baseline"], outputs[m], identical) if not same]
             figures.append(MethodFigures(
-                method=method, batch=batch, policy=policy, label=m, tokens_per_s=tokens / statistics.median(seconds[m]),
+                method=method, batch=batch, in_flight=flying, policy=policy, label=m, tokens_per_s=tokens / statistics.median(seconds[m]),
                 speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)),
                 speedup_interval=ratio_interval(ratios), mean_accepted_length=tau,
                 acceptance_rate=mt.accepted_tokens / mt.draft_tokens if mt.draft_tokens else 0.0,
@@ -239,7 +248,7 @@ def bench(
             versus = ([peer_seconds[p][r] / seconds[pair][r] for r in range(repeats)] if pair in seconds else [])
             identical = [a == b for a, b in zip(peer_outputs[p], outputs["baseline"])]
             figures.append(MethodFigures(
-                method=p, batch=batch, policy="", label=p, tokens_per_s=sum(map(len, peer_outputs[p])) / statistics.median(peer_seconds[p]),
+                method=p, batch=batch, in_flight=0, policy="", label=p, tokens_per_s=sum(map(len, peer_outputs[p])) / statistics.median(peer_seconds[p]),
                 speedup=statistics.median(ratios), speedup_range=(min(ratios), max(ratios)),
                 speedup_interval=ratio_interval(ratios), mean_accepted_length=0.0,
                 acceptance_rate=0.0, accepted_per_position=[], mean_draft_tokens=0.0,
@@ -249,6 +258,11 @@ def bench(
             ))
         del engines
     return figures
+
+
+def load_cell(f: MethodFigures) -> str:
+    """A table's first column: the batch size, or the requests kept in flight."""
+    return f"{f.in_flight} in flight" if f.in_flight else str(f.batch)
 
 
 def kit_of(cfg: EngineConfig) -> dict[str, str]:
@@ -268,7 +282,7 @@ def table(figures: list[MethodFigures]) -> str:
         if f.divergence_margins:
             ident += f" (margins {', '.join(f'{m:.3f}' for m in f.divergence_margins[:3])})"
         lines.append(
-            f"| {f.batch} | {f.label} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
+            f"| {load_cell(f)} | {f.label} | {f.tokens_per_s:.1f} | {f.speedup:.2f}x | "
             f"{f.speedup_range[0]:.2f}-{f.speedup_range[1]:.2f} | {interval_text(f.speedup_interval)} | "
             f"{f.analytic_bound:.2f}x | {eff} | "
             f"{f.mean_accepted_length:.2f} | {f.acceptance_rate:.2f} | {f.mean_draft_tokens:.1f} | {pos} | "
@@ -307,7 +321,7 @@ def profile_table(figures: list[MethodFigures]) -> str:
             continue
         ms = f.step_ms
         cells = " | ".join(f"{ms[n]:.2f} ({ms[n] / ms['step']:.0%})" for n in names)
-        lines.append(f"| {f.batch} | {f.label} | {ms['step']:.2f} | {ms['tokens']:.2f} | {cells} |")
+        lines.append(f"| {load_cell(f)} | {f.label} | {ms['step']:.2f} | {ms['tokens']:.2f} | {cells} |")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ def serve_one_at_a_time(model: str, requests: int, max_tokens: int, repository: 
     from specdec.core.engine_config import build_engine
     from specdec.core.sampling import SamplingParams
     from specdec.serving.config import engine_config_for
-    from specdec.tools.forward_ab import arrivals
+    from specdec.tools.arrivals import arrivals
     from specdec.tools.prompts import heldout_prompts
 
     engine = build_engine(engine_config_for(f"{repository}/{model}"))

@@ -43,6 +43,7 @@ import torch
 
 from specdec.core.models import native
 from specdec.paths import DEMO_KIT, REPO_ROOT
+from specdec.tools.arrivals import ARRIVALS
 from specdec.tools.prompts import BANDS
 
 SHAPES = "1x1,1x2,1x5,8x1,8x5"
@@ -63,9 +64,6 @@ def import_revision(rev: str, into: Path) -> str:
         source.write_text(re.sub(r"\bspecdec\.", f"{name}.", text).replace("from specdec import", f"from {name} import"))
     sys.path.insert(0, str(into))
     return name
-
-
-ARRIVALS = 48  # requests of an --in-flight run, at least: the prompts repeated
 
 
 def time_pairs(forwards: dict[str, Callable[[], object]], calls: int) -> dict[str, list[float]]:
@@ -101,6 +99,7 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine, freeze_heap
     from specdec.core.sampling import SamplingParams
+    from specdec.tools.arrivals import arrivals, repeated
     from specdec.tools.bench import kit_paths
     from specdec.tools.prompts import heldout_prompts
 
@@ -122,12 +121,12 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
         engines["this checkout", i] = (build_engine(EngineConfig.of(**settings)), SamplingParams)
     freeze_heap()
     prompts = heldout_prompts(args.prompts, args.band)
-    requests = prompts * -(-ARRIVALS // len(prompts))  # with --in-flight
+    requests = repeated(prompts)  # with --in-flight
 
     def run(engine, params) -> list[list[int]]:
         p = params(max_tokens=args.max_tokens, ignore_eos=True)
         if args.in_flight:
-            return arrivals(engine, p, requests, args.in_flight)
+            return [r.token_ids for r in arrivals(engine, p, requests, args.in_flight)]
         return [r.token_ids for r in engine.generate(prompts, p)]
 
     runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
@@ -147,30 +146,6 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
           f"{args.rounds} alternating rounds of {load}: {args.rev} {statistics.median(sides[args.rev]):.2f} s, this checkout "
           f"{statistics.median(sides['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
           f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
-
-
-def arrivals(engine, params, prompts: list[str | list[int]], in_flight: int) -> list[list[int]]:
-    """Run prompts with `in_flight` of them always in flight, each finished one submitting the next:
-    continuous arrivals, where the batch changes every few steps (`generate` admits them all at
-    once, and its batch only shrinks). Returns each prompt's token ids."""
-    outputs: list[list[int]] = [[] for _ in prompts]
-    waiting = iter(range(len(prompts)))
-
-    def submit() -> None:
-        i = next(waiting, None)
-        if i is not None:
-            engine.submit(prompts[i], params, lambda out, i=i: collect(i, out))
-
-    def collect(i: int, out) -> None:
-        outputs[i] += out.token_ids
-        if out.finished:
-            submit()
-
-    for _ in range(in_flight):
-        submit()
-    while engine.has_work():
-        engine.step()
-    return outputs
 
 
 def forwards_ab(package: str, args: argparse.Namespace) -> None:
@@ -229,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
                          "attention weighs more)")
     ap.add_argument("--in-flight", type=int, default=0,
                     help=f"--method: keep this many requests in flight over at least {ARRIVALS} (the prompts "
-                         "repeated), each finished one submitting the next (default: 0, all prompts at once)")
+                         "repeated), each finished one submitting the next, the first ones' lengths staggered "
+                         "(`tools.arrivals`; default: 0, all prompts at once)")
     args = ap.parse_args(argv)
     if bool(args.rev) == args.eager or (args.eager and not args.method):
         ap.error("give --rev REV, or --eager with --method")
