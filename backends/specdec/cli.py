@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--batch-sizes", help="comma-separated, each a batch of that many prompts admitted at once "
                    "(default: 1,8, or none with --in-flight)")
     b.add_argument("--in-flight", help="comma-separated: also keep this many requests in flight, each finished "
-                   "one submitting the next (the prompts repeated to at least 48, the first ones' lengths "
-                   "staggered): the batch changes as a served engine's does")
+                   "one submitting the next (the prompts repeated, the first ones' lengths staggered: "
+                   "specdec.tools.arrivals): the batch changes as a served engine's does")
     b.add_argument("--prompts", type=int, default=8)
     b.add_argument("--prompts-file", help="JSONL with a \"prompt\" per line (default: held-out stdlib code)")
     b.add_argument("--band", default="short", choices=["short", "long"])

@@ -197,8 +197,8 @@ def bench(
         outputs: dict[str, list[list[int]]] = {}
         stats: dict[str, list] = {}
         runs: dict[str, list[EngineMetrics]] = {m: [] for m in labels}
-        hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" else None
-        peers = hf.methods(batch) if hf and not flying else []
+        hf = HFPeer(kit_of(base), getattr(torch, base.runtime.dtype), base.proposer.k) if peer == "hf" and not flying else None
+        peers = hf.methods(batch) if hf else []
         peer_seconds: dict[str, list[float]] = {p: [] for p in peers}
         peer_outputs: dict[str, list[list[int]]] = {}
         prompt_ids = [engines["baseline"].tokenizer.encode(p) for p in prompts]

@@ -35,6 +35,7 @@ def pad_batch(rows: list[list[int]], device) -> Tensor:
 
 class DraftModelProposer:
     commits_undrafted = False  # a round without draft tokens leaves `fed` as it was
+
     def __init__(self, model: LlamaForCausalLM, k: int = 4, eos_ids: list[int] = ()) -> None:
         self.model, self.max_k, self.eos_ids = model, k, list(eos_ids)
         self.fed: dict[int, int] = {}

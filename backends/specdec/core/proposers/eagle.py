@@ -45,6 +45,7 @@ class EagleTree:
 
 class EagleProposer:
     commits_undrafted = True  # every round's features, pending until a proposal feeds them
+
     def __init__(
         self, head: EagleHead, target: LlamaForCausalLM, k: int = 4, tree: EagleTree | None = None,
         eos_ids: list[int] = (),

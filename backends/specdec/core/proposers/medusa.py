@@ -48,6 +48,7 @@ def check_tree(paths: list[list[int]], num_heads: int, vocab: int) -> list[list[
 
 class MedusaProposer:
     commits_undrafted = True  # the last round's features, what the heads draft from
+
     def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None, k: int | None = None) -> None:
         self.heads = heads
         paths = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
