@@ -352,7 +352,8 @@ def test_a_servers_response_cost_is_counted_and_reaches_the_adaptive_policy(kit)
     eng.note_responses(0.003, 6)
     eng.note_responses(0.0, 0)  # a sender wake-up with nothing sent
     assert eng.metrics.response_seconds == 0.003 and eng.metrics.response_outputs == 6
-    assert eng.policy.cost.output_per_row == pytest.approx(0.0005 / eng.policy.cost.load)
+    cost = eng.policy.cost
+    assert cost.output_plain == cost.output_drafting == pytest.approx(0.0005 / cost.load)  # the first sets both
     fixed = engine(kit, "draft", max_batch=2, max_context=64, policy="fixed")
     fixed.note_responses(0.003, 6)
     assert fixed.policy.cost is None and fixed.metrics.response_outputs == 6
@@ -377,10 +378,10 @@ def test_outputs_that_shared_a_response_are_not_charged_as_responses(kit):
     shared = engine(kit, "draft", max_batch=2, max_context=64, policy="adaptive")
     shared.note_responses(0.003, 6, 2, 0)
     assert shared.metrics.response_seconds == 0.003 and shared.metrics.response_outputs == 6
-    assert shared.policy.cost.output_per_row == 0.0
+    assert shared.policy.cost.output_plain == 0.0
     mixed = engine(kit, "draft", max_batch=2, max_context=64, policy="adaptive")
     mixed.note_responses(0.003, 4, 3, 2)
-    assert mixed.policy.cost.output_per_row == pytest.approx(0.0005 / mixed.policy.cost.load)
+    assert mixed.policy.cost.output_plain == pytest.approx(0.0005 / mixed.policy.cost.load)
 
 
 def test_a_huge_prompt_is_refused_before_tokenizing(kit):

@@ -705,10 +705,25 @@ def test_the_servers_cost_per_row_and_step_makes_fewer_steps_worth_more():
     [s] = seqs(p, 1, 0.95)
     assert p.best([4], [0.95], [0.95], [False]) == (0, set())
     p.cost.observe_output(1.0)
-    assert p.cost.output_per_row == 1.0
+    assert p.cost.output_plain == p.cost.output_drafting == 1.0  # the first sample sets both regimes'
     assert p.best([4], [0.95], [0.95], [False])[0] > 0
     p.cost.observe_output(3.0)  # recent responses, averaged
-    assert 1.0 < p.cost.output_per_row < 3.0
+    assert 1.0 < p.cost.output_plain < 3.0 and p.cost.output_drafting == 1.0
+
+
+def test_each_regime_pays_its_own_output_cost():
+    """Where a drafting batch's outputs cost more a row and step than a plain batch's (served at
+    4 and 16 users plain steps' outputs leave together, drafting steps' alone), drafting is
+    priced at its own: the draft that paid at one shared cost no longer does."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 5], [1.0, 2.0], draft_fixed=0.6, draft_per_level=0.6)
+    seqs(p, 1, 0.95)
+    p.cost.observe_output(1.0)
+    assert p.best([4], [0.95], [0.95], [False])[0] > 0  # 4.52 tokens for 6 against 1 for 2
+    for _ in range(60):
+        p.cost.observe_output(6.0, drafting=True)
+    assert p.cost.output_plain == 1.0 and p.cost.output_drafting > 4.6
+    assert p.best([4], [0.95], [0.95], [False]) == (0, set())  # 4.52 for more than 10 against 1 for 2
 
 
 def test_no_anchor_where_plain_steps_come_anyway():

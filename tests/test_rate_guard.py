@@ -124,7 +124,7 @@ def over_rated_rate(seed: int, guarded: bool, rows: int = 8, steps: int = 6000, 
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     counts = [rows, 2 * rows, 3 * rows, 5 * rows]
     p.cost = CostModel(counts, [cost(n) for n in counts], draft_fixed=propose(0, 1), draft_per_level=propose(1, 1) - propose(0, 1))
-    p.cost.output_per_row = 0.5
+    p.cost.output_plain = p.cost.output_drafting = 0.5
     if not guarded:
         p.guard.add = lambda *args, **kwargs: None
     batch = [Sequence(f"r{i}", [1, 2], SamplingParams(max_tokens=10**7), lambda o: None, slot=next(SLOTS)) for i in range(rows)]

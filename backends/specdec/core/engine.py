@@ -468,12 +468,15 @@ class Engine:
         tokens/s there, 0.95-1.06x uncharged, 0.93-0.95x charged this way (load tests of 6
         rounds, intervals about +-0.07: docs/benchmarks.md). At one user, where drafting made
         responses carry 2.7-3.4 tokens against 2.2-2.3, the charge pays (1.04-1.10x against
-        1.02x uncharged). Called from that thread."""
+        1.02x uncharged). Charged to the regime the policy is in as they leave, drafting or not:
+        each regime's outputs are priced apart (`CostModel.observe_output`). Called from that
+        thread."""
         self.metrics.response_seconds += seconds
         self.metrics.response_outputs += outputs
         if self.policy.cost is not None and outputs:
             per_response = seconds / (responses or outputs)
-            self.policy.cost.observe_output(per_response * (outputs if alone is None else alone) / outputs)
+            self.policy.cost.observe_output(per_response * (outputs if alone is None else alone) / outputs,
+                                            self.policy.drafting_regime)
 
     def time_proposals(self, rounds: int = 2) -> list[tuple[int, int, float]]:
         """(rows, depth, seconds): the fastest in-sync proposal for one row and for a full batch at

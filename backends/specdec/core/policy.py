@@ -256,7 +256,11 @@ class CostModel:
     draft_seen: int = 0  # proposals timed so far
     catch_up_per_entry: float = 0.0  # at load 1: a catch-up's cost past the proposal's, per entry fed
     catch_up_samples: deque = field(default_factory=lambda: deque(maxlen=CATCH_UP_SAMPLES))
-    output_per_row: float = 0.0  # at load 1: the server's cost outside the engine per row and step (`observe_output`)
+    # at load 1: the server's cost outside the engine per row and step, of a batch plain and of one
+    # drafting (`observe_output`); the first sample sets both
+    output_plain: float = 0.0
+    output_drafting: float = 0.0
+    output_seen: bool = False
     load: float = 1.0  # how much slower than at calibration the machine runs now
     last_n: int = 0  # the token count of the last measured step (0: none yet)
     # verify_at_calibration by token count, kept until the curve's points move: the policy looks
@@ -376,16 +380,29 @@ class CostModel:
         self.catch_up_samples.append(max(extra, 0.0) / entries)
         self.catch_up_per_entry = statistics.median(self.catch_up_samples)
 
-    def observe_output(self, seconds: float) -> None:
+    def observe_output(self, seconds: float, drafting: bool = False) -> None:
         """What the server spends outside the engine on one row's output of one step (its response:
         built, sent to tritonserver; measured as the sender thread's CPU time, nothing for an output
-        that shared a response: `Engine.note_responses`), averaged over recent ones. Every step
-        pays it for every row, so a step that commits more tokens a row makes fewer of them:
-        served at one user, where responses cost the stub 0.17-0.3 ms CPU a step beside a 0.6-1.1
-        ms engine step on the same two cores, EAGLE gained 1.44x the baseline while drafting, and
-        an engine whose policy saw its step alone judged that a loss and paused."""
+        that shared a response: `Engine.note_responses`), averaged over recent ones, apart for a
+        batch that drafts and one that does not. Every step pays it for every row, so a step that
+        commits more tokens a row makes fewer of them: served at one user, where responses cost
+        the stub 0.17-0.3 ms CPU a step beside a 0.6-1.1 ms engine step on the same two cores,
+        EAGLE gained 1.44x the baseline while drafting, and an engine whose policy saw its step
+        alone judged that a loss and paused. Apart, because what one regime's outputs cost says
+        little of the other's: at 4 and 16 users plain steps' outputs pile up behind the sender and
+        leave together (nothing charged), drafting steps' are longer and leave alone, and one
+        average, taken mostly while drafting, priced plain steps at drafting's cost: served, the
+        draft model drafted at 0.96x / 0.88x the baseline's tokens/s at 4 / 16 users where a copy
+        that charged nothing ran 1.03x / 0.95x (and at one user 0.97x against the charged 1.11x;
+        benchmarks.md, "The server's output charge, per regime")."""
         x = seconds / self.load
-        self.output_per_row = x if not self.output_per_row else self.output_per_row + OUTPUT_RATE * (x - self.output_per_row)
+        if not self.output_seen:
+            self.output_plain = self.output_drafting = x
+            self.output_seen = True
+        elif drafting:
+            self.output_drafting += OUTPUT_RATE * (x - self.output_drafting)
+        else:
+            self.output_plain += OUTPUT_RATE * (x - self.output_plain)
 
     def observe_verify(self, n: int, seconds: float, plain: int = 0, anchor: bool = False) -> None:
         """Move the load towards a measured step and the curve's shape (`observe_shape`: pairs of
@@ -929,8 +946,10 @@ class Policy:
         # the search at batch 1)
         draft_s, rows_factor = cost.proposal_table(depth_of[-1], n)
         verify, curve = cost.verify_at_calibration, cost.curve
-        output = cost.output_per_row * n  # every row's response, whatever the step commits
-        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + output)
+        # every row's response, whatever the step commits, at its regime's cost (`observe_output`)
+        output = cost.output_drafting * n
+        plain_output = output if fixed_rows else cost.output_plain * n
+        best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + plain_output)
         best_k = best_m = 0
         plain_rate, best_drafting = best_rate, (0, 0, 0.0)
         for k in self.candidates[1:]:
