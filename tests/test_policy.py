@@ -705,7 +705,7 @@ def test_the_servers_cost_per_row_and_step_makes_fewer_steps_worth_more():
     [s] = seqs(p, 1, 0.95)
     assert p.best([4], [0.95], [0.95], [False]) == (0, set())
     p.cost.observe_output(1.0)
-    assert p.cost.output_plain == p.cost.output_drafting == 1.0  # the first sample sets both regimes'
+    assert p.cost.output_plain == p.cost.output_drafting == 1.0  # the first sample sets both regimes
     assert p.best([4], [0.95], [0.95], [False])[0] > 0
     p.cost.observe_output(3.0)  # recent responses, averaged
     assert 1.0 < p.cost.output_plain < 3.0 and p.cost.output_drafting == 1.0

@@ -391,9 +391,9 @@ class CostModel:
         alone judged that a loss and paused. Apart, because what one regime's outputs cost says
         little of the other's: at 4 and 16 users plain steps' outputs pile up behind the sender and
         leave together (nothing charged), drafting steps' are longer and leave alone, and one
-        average, taken mostly while drafting, priced plain steps at drafting's cost: served, the
-        draft model drafted at 0.96x / 0.88x the baseline's tokens/s at 4 / 16 users where a copy
-        that charged nothing ran 1.03x / 0.95x (and at one user 0.97x against the charged 1.11x;
+        average, taken mostly while drafting, priced plain steps at drafting's cost. Served, the
+        draft model read 1.04-1.06x / 0.95-1.04x / 0.96-1.00x the baseline's tokens/s at 1 / 4 /
+        16 users priced apart, 1.09x / 0.88-0.89x / 0.90-0.93x at one average (two load tests;
         benchmarks.md, "The server's output charge, per regime")."""
         x = seconds / self.load
         if not self.output_seen:
@@ -946,7 +946,8 @@ class Policy:
         # the search at batch 1)
         draft_s, rows_factor = cost.proposal_table(depth_of[-1], n)
         verify, curve = cost.verify_at_calibration, cost.curve
-        # every row's response, whatever the step commits, at its regime's cost (`observe_output`)
+        # every row's response, whatever the step commits, at its regime's cost (`observe_output`;
+        # a batch with pinned rows drafts whatever the pick)
         output = cost.output_drafting * n
         plain_output = output if fixed_rows else cost.output_plain * n
         best_rate = fixed_tokens / (verify(n + fixed_extra) + draft_s[fixed_depth] * rows_factor[fixed_rows] + plain_output)
