@@ -43,7 +43,7 @@ import torch
 
 from specdec.core.models import native
 from specdec.paths import DEMO_KIT, REPO_ROOT
-from specdec.tools.arrivals import ARRIVALS
+from specdec.tools.arrivals import ARRIVALS, arrivals, repeated
 from specdec.tools.prompts import BANDS
 
 SHAPES = "1x1,1x2,1x5,8x1,8x5"
@@ -99,7 +99,6 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine, freeze_heap
     from specdec.core.sampling import SamplingParams
-    from specdec.tools.arrivals import arrivals, repeated
     from specdec.tools.bench import kit_paths
     from specdec.tools.prompts import heldout_prompts
 
