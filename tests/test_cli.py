@@ -9,6 +9,7 @@ import pytest
 
 from specdec.cli import main
 from specdec.core.engine import EngineMetrics
+from specdec.tools import bench
 from specdec.tools.bench import forward_rate
 from test_engine import kit  # noqa: F401  (module-scoped fixture: tiny target, draft, Medusa, EAGLE)
 
@@ -81,9 +82,15 @@ def test_bench_compares_policies_side_by_side_in_one_run(kit, tmp_path, capsys):
     assert figures[0]["speedup_interval"] == pytest.approx([1.0, 1.0])
 
 
-def test_bench_runs_an_aa_pair_and_shuffles_each_repeats_order(kit, tmp_path, capsys):  # noqa: F811
+def test_bench_runs_an_aa_pair_and_takes_turns_batch_by_batch(kit, tmp_path, capsys, monkeypatch):  # noqa: F811
     """--aa runs a second baseline engine as a method (its greedy tokens the baseline's, its ratio
-    an A/A reading of the run's noise), and no engine follows the same neighbour in every repeat."""
+    an A/A reading of the run's noise); every engine runs each batch of prompts before any runs
+    the next (whole runs in turn let seconds of machine drift into the ratios), and no engine
+    follows the same neighbour every time."""
+    calls = []
+    run_once = bench.run_once
+    monkeypatch.setattr(bench, "run_once", lambda engine, prompts, *a: calls.append((id(engine), len(prompts)))
+                        or run_once(engine, prompts, *a))
     figures, out = run_bench(kit, tmp_path, capsys, "--methods", "ngram", "--repeats", "4", "--batch-sizes", "1",
                              "--policy", "fixed", "--aa")
     assert [(f["label"], f["method"]) for f in figures] == [
@@ -92,12 +99,13 @@ def test_bench_runs_an_aa_pair_and_shuffles_each_repeats_order(kit, tmp_path, ca
     assert aa["identical_share"] == 1.0 and aa["mean_accepted_length"] == pytest.approx(1.0)
     low, high = aa["speedup_interval"]
     assert low <= aa["speedup"] <= high and f"| 1 | baseline_aa | {aa['tokens_per_s']:.1f} |" in out
-    runs = [line.split()[4] for line in out.splitlines() if line.strip().startswith("batch 1 repeat")]
-    orders = [runs[i : i + 3] for i in range(0, len(runs), 3)]
-    assert len(orders) == 4 and all(sorted(o) == ["baseline", "baseline_aa", "ngram"] for o in orders)
+    timed = calls[-4 * 2 * 3:]  # after the warm-up: 4 repeats x 2 prompts x 3 engines
+    assert {n for _, n in timed} == {1}  # one prompt (the batch size) at a time
+    orders = [[engine for engine, _ in timed[i : i + 3]] for i in range(0, len(timed), 3)]
+    assert all(len(set(o)) == 3 for o in orders) and len({frozenset(o) for o in orders}) == 1
     # the engine run right before each one (when it is not first): rotating one order gave each a
-    # single such neighbour in every repeat
-    before = {name: {o[o.index(name) - 1] for o in orders if o.index(name)} for name in orders[0]}
+    # single such neighbour every time
+    before = {e: {o[o.index(e) - 1] for o in orders if o.index(e)} for e in orders[0]}
     assert any(len(neighbours) > 1 for neighbours in before.values()), orders
 
 

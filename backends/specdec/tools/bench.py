@@ -1,7 +1,8 @@
 """`specdec bench`: baseline vs every method, side by side in one run, on the same checkpoints and prompts.
 
-Runs are interleaved (repeat r runs every method once before repeat r + 1, in an order shuffled
-every repeat), so machine noise hits all methods alike; speedups are medians of per-repeat ratios,
+Runs are interleaved: within a repeat every method (and peer) runs each batch of prompts (the
+batch size's slice of them; under arrivals, the whole load) before any runs the next, in an order
+shuffled for every batch, so machine noise hits all methods alike; speedups are medians of per-repeat ratios,
 beside the 90% interval of their geometric mean (Student's t over repeats, as the load test's
 verdicts use), so a run says whether a ratio clears a line such as 0.95x. Besides tokens/s it prints what
 explains them: mean accepted length, acceptance per position, and the analytic bound (`bound`:
@@ -82,7 +83,6 @@ def available_methods(paths: dict[str, str]) -> list[str]:
 
 
 def run_once(engine: Engine, prompts: list[str], params: SamplingParams, in_flight: int = 0) -> tuple[float, list[list[int]], list]:
-    engine.metrics = EngineMetrics()
     t0 = time.perf_counter()
     results = arrivals(engine, params, prompts, in_flight) if in_flight else engine.generate(prompts, params)
     seconds = time.perf_counter() - t0
@@ -204,21 +204,40 @@ def bench(
         prompt_ids = [engines["baseline"].tokenizer.encode(p) for p in prompts]
         for p in peers:  # warm-up
             hf.run(p, prompt_ids[:batch], batch, 8)
+        # one batch of prompts at a time: at batch 1 a method's whole run (8 prompts, ~0.4 s) let the
+        # machine's drift over seconds into every ratio (a baseline copy 0.98x-1.19x the baseline
+        # over 12 repeats, a 90% interval 0.053 wide); taking turns prompt by prompt, 0.97x-1.03x,
+        # 0.017 wide (benchmarks.md, "Interleaved prompt by prompt")
+        step = len(requests) if flying else batch
+        chunks = [range(i, min(i + step, len(requests))) for i in range(0, len(requests), step)]
         for r in range(repeats):
-            # a fresh order every repeat: a method always run right after the baseline (or always
-            # first, or always after the same neighbour) would carry whatever the machine does there
-            names = list(engines)
-            order.shuffle(names)
-            for m in names:
-                eng = engines[m]
-                s, outputs[m], stats[m] = run_once(eng, requests, params, flying)
-                seconds[m].append(s)
-                runs[m].append(eng.metrics)
-                log(f"  {load} repeat {r + 1}/{repeats} {m:9s} {sum(map(len, outputs[m])) / s:8.1f} tok/s")
-            for p in peers:
-                s, peer_outputs[p] = hf.run(p, prompt_ids, batch, max_tokens)
-                peer_seconds[p].append(s)
-                log(f"  {load} repeat {r + 1}/{repeats} {p:9s} {sum(map(len, peer_outputs[p])) / s:8.1f} tok/s")
+            for eng in engines.values():
+                eng.metrics = EngineMetrics()
+            took: dict[str, float] = dict.fromkeys([*engines, *peers], 0.0)
+            made: dict[str, list[list[int]]] = {n: [] for n in took}
+            made_stats: dict[str, list] = {n: [] for n in engines}
+            for chunk in chunks:
+                # a fresh order every time: a method always run right after the baseline (or always
+                # first, or always after the same neighbour) would carry whatever the machine does there
+                names = list(took)
+                order.shuffle(names)
+                for n in names:
+                    if n in engines:
+                        s, tokens, chunk_stats = run_once(engines[n], [requests[i] for i in chunk], params, flying)
+                        made_stats[n] += chunk_stats
+                    else:
+                        s, tokens = hf.run(n, [prompt_ids[i] for i in chunk], batch, max_tokens)
+                    took[n] += s
+                    made[n] += tokens
+            for n, s in took.items():
+                if n in engines:
+                    seconds[n].append(s)
+                    outputs[n], stats[n] = made[n], made_stats[n]
+                    runs[n].append(engines[n].metrics)
+                else:
+                    peer_seconds[n].append(s)
+                    peer_outputs[n] = made[n]
+                log(f"  {load} repeat {r + 1}/{repeats} {n:9s} {sum(map(len, made[n])) / s:8.1f} tok/s")
         base_rates = [forward_rate(run, len(requests)) for run in runs["baseline"]]
         for m, (method, policy) in labels.items():
             mt = runs[m][-1]  # the last repeat's counters (acceptance, drafts)
