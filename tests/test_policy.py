@@ -13,6 +13,7 @@ import pytest
 from specdec.core import policy
 from specdec.core.policy import (COLLAPSE_ALPHA, DRAFTING_RECHECK, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PLAIN_SETTLE, PROBE_BUDGET,
                                  PROBE_EVERY, CostModel, Policy, SlotState, StepRecord, expected_tokens)
+from specdec.core.rate_guard import GUARD_MIN_PLAIN
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
 
@@ -967,14 +968,25 @@ def test_a_release_within_a_step_leaves_the_plain_steps_for_the_next_search():
     assert not p.unobserved and p.slots[batch[0].slot].accepted_n == pytest.approx(evidence * policy.DECAY ** held)
 
 
-def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed_at_once():
+def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed_at_once(monkeypatch):
     """While `choose` coasts (a paused batch, nothing to search), its plain steps are observed
-    together at the next search, probe or admission: the policy must choose the same ks
-    at every step and end in the same state as one that observed each step at once."""
-    later, at_once = batch_run(observe_at_once=False), batch_run(observe_at_once=True)
+    together at the next search, probe or admission: the policy must choose the same ks at every
+    step and end in the same state as one that observed each step at once, exactly where every
+    plain step is timed; where only the latest PLAIN_TIMED of a run are, the same but for what
+    the others' times would have moved: the load and the curve by under 1%, and the guard's
+    plain window, which holds a subset of the steps."""
+    at_once = batch_run(observe_at_once=True)
+    later = batch_run(observe_at_once=False)
     assert later[0] == at_once[0] and any(map(any, later[0]))  # the same ks, probes among them
-    assert later[1] == at_once[1]
     assert later[2] >= PAUSED_RECHECK and at_once[2] == 0  # steps were left unobserved, then observed
+    (load, curve, *counts, plain, drafting, probe_gap, next_probe, recheck_at), exact = later[1], at_once[1]
+    assert load == pytest.approx(exact[0], rel=0.01) and load != exact[0]
+    assert curve == pytest.approx(exact[1], rel=0.01)
+    assert counts == list(exact[2:7])  # plain run, steps, the plain point's samples, acceptances
+    assert set(plain) < set(exact[7]) and len(plain) >= GUARD_MIN_PLAIN
+    assert (drafting, probe_gap, next_probe, recheck_at) == tuple(exact[8:])
+    monkeypatch.setattr(policy, "PLAIN_TIMED", 10**9)
+    assert batch_run(observe_at_once=False)[1] == exact
 
 
 def test_a_drafting_batchs_steps_observed_later_leave_the_policy_as_observed_at_once():

@@ -154,6 +154,12 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # to PAUSED_RECHECK_MAX (nothing it reads moves until a probe drafts): every 8 steps the searches
 # of a paused batch of one were still 1% of a 0.25 ms step.
 PAUSED_RECHECK_MAX = 64
+PLAIN_TIMED = 16  # of a paused batch's plain steps observed together (`observe_unobserved`), only
+# the last this many are timed (and any within PAIR_GAP + PLAIN_SETTLE steps of a drafted one, a
+# probe's pairs); the others are counted. What their times move keeps the latest few: the load
+# (LOAD_RATE: 0.8^16, 3% of it, is older), the plain point (SHAPE_SAMPLES), the guard's plain rate
+# (fewer samples, over the same window). Timed, each was 2.5 us warm, ~4.5 in the engine: 2% of a
+# paused EAGLE's 0.21 ms step at batch 1, where the whole policy cost it 4%
 DRAFTING_RECHECK = 4  # while the same batch drafts, `best` searches again after this many steps (or
 # when the batch changes, or a probe or anchor is due); the steps in between keep its pick and are
 # observed together at the next search. Searched and observed at every step, each right after a
@@ -430,6 +436,13 @@ class CostModel:
                 self.seconds[j] = self.bounded(self.token_counts[j], self.seconds[j] * (1 + VERIFY_RATE * (ratio - 1)))
             self.curve.clear()
         self.last_n = n
+
+    def pass_plain(self) -> None:
+        """A plain step not timed (`PLAIN_TIMED`), counted as `observe_verify` counts one: the plain
+        run (PLAIN_SETTLE) and, once settled, the steps (PAIR_GAP, SHAPE_FRESH)."""
+        self.plain_run += 1
+        if self.plain_run > PLAIN_SETTLE:
+            self.steps += 1
 
     def observe_shape(self, n: int, seconds: float, plain: int, anchor: bool = False) -> bool:
         """Set the curve's point at n from real steps: the median of its recent pairs, each a step
@@ -749,6 +762,7 @@ class Policy:
         # 4.9 us): most of what a paused method paid beyond the baseline
         self.coasting = False
         self.unobserved: list[tuple[int, StepRecord]] = []  # (the policy's step number, the step)
+        self.drafted_at = 0  # the number of the last step observed that was not plain (PLAIN_TIMED)
         # slot -> (the last unobserved step then, state) of a sequence released with steps of it unobserved
         self.leaving: dict[int, tuple[int, SlotState]] = {}
         self.candidates = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
@@ -1010,17 +1024,22 @@ class Policy:
         rounds are counted together: each sequence's evidence decays once a step (the same
         multiplications as one by one), its estimates made once after (nothing reads them in
         between): observed round by round, they were 5.4 us of the 9.8 us a paused batch of 8
-        spent observing a plain step, and a paused method's observations 2% of its engine time."""
+        spent observing a plain step, and a paused method's observations 2% of its engine time.
+        Of a long run of plain steps only the latest are timed (`PLAIN_TIMED`)."""
         if self.unobserved:
             steps, self.unobserved = self.unobserved, []
             rounds: dict[int, int] = {}  # slot -> the plain rounds it ran among them
-            for number, step in steps:
+            timed_from = len(steps) - PLAIN_TIMED
+            for i, (number, step) in enumerate(steps):
                 if not step.plain:
                     self.decay_rounds(rounds)
                     rounds = {}
                     self.observe_step(number, step)
                     continue
-                self.observe_timing(number, step)
+                if i >= timed_from or number - self.drafted_at <= PAIR_GAP + PLAIN_SETTLE:
+                    self.observe_timing(number, step)
+                elif self.cost is not None:
+                    self.cost.pass_plain()
                 for s in step.seqs:
                     rounds[s.slot] = rounds.get(s.slot, 0) + 1
             self.decay_rounds(rounds)
@@ -1041,6 +1060,7 @@ class Policy:
         acceptances' decay; the proposal bookkeeping it skips cost 2 us a step at batch 1."""
         if not step.plain:
             self.observe_proposal(step)
+            self.drafted_at = number
         self.observe_timing(number, step)
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
