@@ -311,13 +311,13 @@ def test_a_paused_eagle_keeps_only_the_feature_blocks_its_window_can_feed(monkey
         eng = build_engine(EngineConfig.of(method="eagle", max_batch=2, policy="fixed", k=4, **kit_paths(DEMO_KIT)))
         p = eng.proposer
         if not trim:
-            p.commit = lambda seq, path, features: p.pending[seq.slot].append((1 + len(path), features))
+            p.commit = lambda seq, path, hidden, row: p.pending[seq.slot].append((1 + len(path), hidden, row, tuple(path)))
         rounds = iter(range(10**9))
         eng.policy.choose = lambda seqs: [0 if 2 <= next(rounds) // 2 % 60 < 50 else 4 for _ in seqs]  # pauses of ~100 steps
         spy, drafts = p.propose, []
         p.propose = lambda seqs, ks: drafts.append(spy(seqs, ks)) or drafts[-1]
         commit = p.commit
-        p.commit = lambda seq, path, f: commit(seq, path, f) or held.append((trim, sum(n for n, _ in p.pending[seq.slot])))
+        p.commit = lambda seq, path, *f: commit(seq, path, *f) or held.append((trim, sum(b[0] for b in p.pending[seq.slot])))
         out = eng.generate(prompts(2, seed=3), SamplingParams(max_tokens=150, ignore_eos=True))
         runs.append(([[d.tokens for d in step] for step in drafts], [r.token_ids for r in out], p.cache.k.clone()))
     assert max(n for t, n in held if t) < 24 + 5 < max(n for t, n in held if not t)

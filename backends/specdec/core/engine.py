@@ -361,7 +361,7 @@ class Engine:
             running = self._emit(seq, accepted + [verdict.bonus])
             self._lap("output")
             if running and self.proposer is not None and (draft.tokens or self.proposer.commits_undrafted):
-                self.proposer.commit(seq, verdict.path, lambda b=b, offsets=offsets: accepted_features(hidden[b], offsets))
+                self.proposer.commit(seq, verdict.path, hidden, b)
                 self._lap("commit")
         t4 = time.perf_counter()
         self.policy.observe(StepRecord(
@@ -520,12 +520,6 @@ class Engine:
         while self.has_work():
             self.step()
         return results
-
-
-def accepted_features(row: Tensor, offsets: list[int]) -> Tensor:
-    """The hidden states of a step's root and accepted nodes (`offsets` into its row): a view
-    where the accepted nodes lie in order (a chain), else a gather."""
-    return row[: len(offsets)] if offsets[-1] == len(offsets) - 1 else row[offsets]
 
 
 @dataclass

@@ -10,7 +10,6 @@ A greedy batch's whole proposal (catch-up and chains) is one native call (`nativ
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -115,7 +114,7 @@ class DraftModelProposer:
     def backlog(self, seq: Sequence) -> int:
         return catch_up_length(len(seq.tokens), self.fed[seq.slot])
 
-    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
+    def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
         # after a proposal `fed` counts the tokens before the root's successor; of the draft tokens
         # it also fed, the accepted ones stay valid (none in a round without a proposal)
         self.fed[seq.slot] += min(len(path), self.drafted[seq.slot])

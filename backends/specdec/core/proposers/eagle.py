@@ -16,7 +16,6 @@ deterministically, so their q is one-hot and verification stays exact under samp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -27,7 +26,7 @@ from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
 from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, next_draft_tokens,
-                                        restart_at_window, window_positions)
+                                        path_features, restart_at_window, window_positions)
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -53,10 +52,10 @@ class EagleProposer:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}  # pairs fed; those from here to the root's are pending
-        # per slot, the true-feature blocks not fed yet as (pairs, block), each made only when the
-        # catch-up joins them (a paused sequence's steps sliced a block every step, 2% of a plain
-        # step at batch 1, for a catch-up that may never come)
-        self.pending: dict[int, list[tuple[int, Callable[[], Tensor]]]] = {}
+        # per slot, the true-feature blocks not fed yet as (pairs, hidden, row, path), each made
+        # (`path_features`) only when the catch-up joins them (a paused sequence's steps sliced a
+        # block every step, 2% of a plain step at batch 1, for a catch-up that may never come)
+        self.pending: dict[int, list[tuple[int, Tensor, int, tuple[int, ...]]]] = {}
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
         self.chain = None if tree else NativeChain.build(head.native, target.model.embed_tokens.weight, target.head,
                                                          head.fc_inference)
@@ -73,13 +72,16 @@ class EagleProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
-            self.fed[s.slot], self.shift[s.slot], self.pending[s.slot] = 0, 0, [(len(f), lambda f=f: f)]
+            self.fed[s.slot], self.shift[s.slot] = 0, 0
+            self.pending[s.slot] = [(len(f), f[None], 0, tuple(range(len(f) - 1)))]
 
-    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
+    def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
-        # joining a growing tensor every round of a long pause cost O(pause) per round)
+        # joining a growing tensor every round of a long pause cost O(pause) per round); one
+        # tuple a row and step, its path one the cyclic collector leaves alone (an empty one
+        # shared): what a paused row keeps for every step of its window
         blocks, slot = self.pending[seq.slot], seq.slot
-        blocks.append((1 + len(path), features))
+        blocks.append((1 + len(path), hidden, row, tuple(path)))
         # a block wholly before the window a catch-up feeds is never made: dropped now, as the
         # window's restart (`restart_at_window`) would drop it, so that a paused sequence does not
         # hold every step's hidden states until it drafts or ends (each block keeps its step's
@@ -104,9 +106,9 @@ class EagleProposer:
         restarts at the window's first pair (`shift`), and the blocks before it are never made."""
         drop = restart_at_window(self.fed, self.shift, seq.slot, len(seq.tokens) - 1)
         kept = []
-        for n, block in self.pending[seq.slot]:
+        for n, hidden, row, path in self.pending[seq.slot]:
             if drop < n:
-                kept.append(block()[drop:])
+                kept.append(path_features(hidden, row, path)[drop:])
             drop = max(drop - n, 0)
         return torch.cat(kept)
 

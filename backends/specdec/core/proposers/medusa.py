@@ -13,7 +13,6 @@ shapes and the gather indices are built once at construction, as Medusa's genera
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -63,10 +62,11 @@ class MedusaProposer:
         self.rank_of = torch.tensor([p[-1] for p in self.tree], device=heads_device(heads))
         # per tree prefix of n nodes: the top-k its deepest ranks need (heads run: depth_for)
         self.topk = [max((max(p) for p in self.tree[:n]), default=0) + 1 for n in range(self.max_k + 1)]
-        # per slot, the target's hidden states of its last step (root and accepted nodes), made
-        # only when a proposal reads them: a paused Medusa's commit sliced them every step (about
-        # 2% of a plain step at batch 1) for proposals that never came
-        self.last_features: dict[int, Callable[[], Tensor]] = {}
+        # per slot, where the heads' input lies: the last accepted node's hidden state of its last
+        # step, as (that step's hidden states, row, node), read only when a proposal reads it: a
+        # paused Medusa's commit sliced them every step (about 2% of a plain step at batch 1) for
+        # proposals that never came
+        self.last_features: dict[int, tuple[Tensor, int, int]] = {}
 
     def depth_for(self, k: int) -> int:
         return max(self.shapes[min(k, self.max_k)].depths, default=0)
@@ -76,7 +76,7 @@ class MedusaProposer:
 
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
-            self.last_features[s.slot] = lambda f=f: f
+            self.last_features[s.slot] = (f[None], 0, len(f) - 1)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft.empty() for _ in seqs]
@@ -84,7 +84,7 @@ class MedusaProposer:
         if not active:
             return drafts
         n = min(max(ks), self.max_k)  # the batch's largest tree prefix: every row's nodes are among its first n
-        hidden = torch.stack([self.last_features[seqs[b].slot]()[-1] for b in active])
+        hidden = torch.stack([states[row, node] for states, row, node in (self.last_features[seqs[b].slot] for b in active)])
         logits = self.heads(hidden, num_heads=self.depth_for(n))  # only the heads its nodes come from
         top = torch.topk(logits, self.topk[n], dim=-1).indices  # [heads, B, topk]
         nodes = top[self.head_of[:n], :, self.rank_of[:n]].T.tolist()  # [B, nodes]: one host transfer
@@ -96,8 +96,8 @@ class MedusaProposer:
     def backlog(self, seq: Sequence) -> int:
         return 0  # no model state to keep in sync
 
-    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
-        self.last_features[seq.slot] = features
+    def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
+        self.last_features[seq.slot] = (hidden, row, path[-1] + 1 if path else 0)
 
     def release(self, slot: int) -> None:
         self.last_features.pop(slot, None)

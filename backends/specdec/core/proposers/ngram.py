@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Callable
 
 from torch import Tensor
 
@@ -89,7 +88,7 @@ class NgramProposer:
         # look 5-10x a drafting one's to the proposal-cost fit
         return len(seq.tokens) - self.index(seq).indexed
 
-    def commit(self, seq: Sequence, path: list[int], features: Callable[[], Tensor]) -> None:
+    def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
         pass
 
     def release(self, slot: int) -> None:
