@@ -30,6 +30,19 @@ def test_engine_ab_with_arrivals_sends_the_prompts_asked_for_at_least_48_request
     assert re.search(r"1 alternating rounds of 50 x 4 greedy tokens, 4 in flight \(short prompts\): .*identical outputs", capsys.readouterr().out)
 
 
+def test_engine_ab_takes_turns_batch_by_batch_and_gives_an_interval(capsys, monkeypatch):
+    """Each round runs both sides on one batch of prompts at a time (at batch 1, prompt by prompt),
+    as `specdec bench` does, and the ratio comes with its 90% interval."""
+    from specdec.core.engine import Engine
+
+    sizes, generate = [], Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, prompts, *a: sizes.append(len(prompts)) or generate(self, prompts, *a))
+    main(["--rev", "HEAD", "--method", "baseline", "--rounds", "3", "--prompts", "2", "--max-tokens", "2"])
+    assert sizes[-3 * 2:] == [1] * 6  # this checkout's timed runs: 3 rounds x 2 prompts, one at a time
+    assert re.search(r"speedup median [\d.]+x \(range [\d.]+-[\d.]+, 90% interval \[[\d.]+, [\d.]+\]\); identical outputs",
+                     capsys.readouterr().out)
+
+
 def test_engine_ab_takes_the_prompts_of_a_band(capsys):
     main(["--rev", "HEAD", "--method", "baseline", "--rounds", "1", "--prompts", "2", "--max-tokens", "2", "--band", "long"])
     assert re.search(r"1 alternating rounds of 2 x 2 greedy tokens \(long prompts\): .*identical outputs", capsys.readouterr().out)

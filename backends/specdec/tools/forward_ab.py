@@ -14,11 +14,11 @@ A side: what the native decoder gains on this machine.
 A whole-command timing cannot separate a faster forward from the machine's drift, and timed unit
 tests prove nothing; this imports the earlier commit's `specdec` package under another name beside
 the current one, loads the same checkpoints into both, and times them in alternating order: per
-call (400 pairs per shape by default) for a forward, per generation (8 held-out prompts x 128
-greedy tokens by default, fixed k unless `--policy adaptive`; with `--in-flight`, that many requests
-always in flight, as a served engine sees them; `--prompts 32`, the load test's prompts, up to 165
-tokens where the first 8 stop at 102) for `--method`, so each ratio compares runs made
-moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
+call (400 pairs per shape by default) for a forward, per batch of prompts (8 held-out prompts x 128
+greedy tokens by default, taken `--batch` at a time, a round's time their sum; fixed k unless
+`--policy adaptive`; with `--in-flight`, the whole load, that many requests always in flight, as
+a served engine sees them; `--prompts 32`, the load test's prompts, up to 165 tokens where the
+first 8 stop at 102) for `--method`, so each ratio compares runs made moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
 depend on the policy).
 """
 
@@ -99,7 +99,7 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine, freeze_heap
     from specdec.core.sampling import SamplingParams
-    from specdec.tools.bench import kit_paths
+    from specdec.tools.bench import kit_paths, ratio_interval
     from specdec.tools.prompts import heldout_prompts
 
     settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
@@ -122,29 +122,41 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     prompts = heldout_prompts(args.prompts, args.band)
     requests = repeated(prompts)  # with --in-flight
 
-    def run(engine, params) -> list[list[int]]:
+    def run(engine, params, chunk: list[str]) -> list[list[int]]:
         p = params(max_tokens=args.max_tokens, ignore_eos=True)
         if args.in_flight:
-            return [r.token_ids for r in arrivals(engine, p, requests, args.in_flight)]
-        return [r.token_ids for r in engine.generate(prompts, p)]
+            return [r.token_ids for r in arrivals(engine, p, chunk, args.in_flight)]
+        return [r.token_ids for r in engine.generate(chunk, p)]
 
-    runs = {k: (lambda e=e, P=P: run(e, P)) for k, (e, P) in engines.items()}
     for e, P in engines.values():
         e.generate(prompts[:1], P(max_tokens=8, ignore_eos=True))  # warm-up
-    if len({str(run()) for run in runs.values()}) > 1:
+    whole = requests if args.in_flight else prompts
+    if len({str(run(e, P, whole)) for e, P in engines.values()}) > 1:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
-    times = time_pairs(runs, args.rounds)
+    # a round runs every engine on each batch of prompts in turn (the whole load under arrivals),
+    # as `specdec bench` does: whole runs in turn let seconds of the machine's drift into the ratios
+    chunks = [whole] if args.in_flight else [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
+    names = list(engines)
+    times = {k: [0.0] * args.rounds for k in names}
+    for r in range(args.rounds):
+        for c, chunk in enumerate(chunks):
+            for k in (names if (r + c) % 2 else names[::-1]):
+                t0 = time.perf_counter()
+                run(*engines[k], chunk)
+                times[k][r] += time.perf_counter() - t0
     # a round's time per side: its engines' runs summed (an adaptive engine's state carries from one
     # run to the next, and one engine may stay paused through a run where another drafts)
     sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)]
              for side in (args.rev, "this checkout")}
     ratios = sorted(a / b for a, b in zip(*sides.values()))
+    interval = ratio_interval(ratios)
     load = (f"{len(requests)} x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight
             else f"{len(prompts)} x {args.max_tokens} greedy tokens") + f" ({args.band} prompts)"
     print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.engines} engine(s) a side, "
           f"{args.rounds} alternating rounds of {load}: {args.rev} {statistics.median(sides[args.rev]):.2f} s, this checkout "
           f"{statistics.median(sides['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
-          f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}); identical outputs")
+          f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}"
+          + (f", 90% interval [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "") + "); identical outputs")
 
 
 def forwards_ab(package: str, args: argparse.Namespace) -> None:
