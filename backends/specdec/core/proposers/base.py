@@ -43,8 +43,8 @@ class Proposer(Protocol):
         `path_features(hidden, row, path)`, to be made when a proposal reads them (the draft
         model and prompt lookup need none; EAGLE and Medusa keep the three until then: slicing
         them every step of a paused drafter was 1.5-2% of a plain step at batch 1, and a closure
-        per row and step that would slice them, kept by a paused EAGLE for every step in its
-        catch-up window, 1.2% at batch 1 and ~2% at batch 8 in the objects it kept alive)."""
+        per row and step that would slice them, kept by a paused EAGLE for every step of its
+        catch-up window, 1-2% in the objects it kept alive)."""
 
     def release(self, slot: int) -> None:
         """The slot's sequence left the batch."""

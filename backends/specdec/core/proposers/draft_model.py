@@ -10,7 +10,6 @@ A greedy batch's whole proposal (catch-up and chains) is one native call (`nativ
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 

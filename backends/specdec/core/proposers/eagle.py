@@ -77,9 +77,9 @@ class EagleProposer:
 
     def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:
-        # joining a growing tensor every round of a long pause cost O(pause) per round); one
-        # tuple a row and step, its path one the cyclic collector leaves alone (an empty one
-        # shared): what a paused row keeps for every step of its window
+        # joining a growing tensor every round of a long pause cost O(pause) per round). A
+        # paused row keeps this for every step of its window: one tuple, and its path as a tuple
+        # of ints (which the cyclic collector stops tracking; an empty one is shared)
         blocks, slot = self.pending[seq.slot], seq.slot
         blocks.append((1 + len(path), hidden, row, tuple(path)))
         # a block wholly before the window a catch-up feeds is never made: dropped now, as the

@@ -13,7 +13,6 @@ shapes and the gather indices are built once at construction, as Medusa's genera
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
