@@ -29,7 +29,7 @@ from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.output import OutputStream
 from specdec.core.policy import CostModel, Policy, StepRecord
-from specdec.core.proposers.base import Proposer
+from specdec.core.proposers.base import Proposer, path_offsets
 from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
 from specdec.core.sequence import Output, RequestStats, Sequence
 from specdec.core.verify import Draft, TypicalAcceptance, greedy_walk, tree_mask, verify
@@ -351,8 +351,7 @@ class Engine:
                 verdict = verify(draft, flat[begins[b] : ends[b]], seq.params, seq.generator, self.eos_ids,
                                  eos_blocked, self.typical)
             self._lap("verify")
-            offsets = [0] + [i + 1 for i in verdict.path]
-            self.cache.compact(seq.slot, starts[b], offsets)
+            self.cache.compact(seq.slot, starts[b], path_offsets(verdict.path))
             self._lap("compact")
             accepted = [draft.tokens[i] for i in verdict.path]
             accepted_n.append(len(accepted))

@@ -146,6 +146,17 @@ def step_profile(runs: list[EngineMetrics]) -> dict[str, float]:
     return {name: statistics.median(r[name] for r in rows) for name in rows[0]}
 
 
+def turns(requests: int, batch: int, in_flight: int = 0) -> list[range]:
+    """The requests' indices, turn by turn: every engine compared runs a turn before any runs the
+    next. One batch of prompts a turn: at batch 1 a method's whole run (8 prompts, ~0.4 s) let
+    the machine's drift over seconds into every ratio (a baseline copy 0.98x-1.19x the baseline
+    over 12 repeats, a 90% interval 0.053 wide); taking turns prompt by prompt, 0.97x-1.03x,
+    0.017 wide (benchmarks.md, "Interleaved prompt by prompt"). Under arrivals the whole load is
+    one turn: its requests must keep arriving."""
+    step = requests if in_flight else batch
+    return [range(i, min(i + step, requests)) for i in range(0, requests, step)]
+
+
 def variants(methods: list[str], policies: list[str]) -> dict[str, tuple[str, str]]:
     """Label -> (method, policy) of the engines one run compares: every method under each policy,
     labelled by the method alone when there is one policy, as `method/policy` when there are more
@@ -204,12 +215,7 @@ def bench(
         prompt_ids = [engines["baseline"].tokenizer.encode(p) for p in prompts]
         for p in peers:  # warm-up
             hf.run(p, prompt_ids[:batch], batch, 8)
-        # one batch of prompts at a time: at batch 1 a method's whole run (8 prompts, ~0.4 s) let the
-        # machine's drift over seconds into every ratio (a baseline copy 0.98x-1.19x the baseline
-        # over 12 repeats, a 90% interval 0.053 wide); taking turns prompt by prompt, 0.97x-1.03x,
-        # 0.017 wide (benchmarks.md, "Interleaved prompt by prompt")
-        step = len(requests) if flying else batch
-        chunks = [range(i, min(i + step, len(requests))) for i in range(0, len(requests), step)]
+        chunks = turns(len(requests), batch, flying)
         for r in range(repeats):
             for eng in engines.values():
                 eng.metrics = EngineMetrics()

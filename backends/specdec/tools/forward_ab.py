@@ -18,8 +18,8 @@ call (400 pairs per shape by default) for a forward, per batch of prompts (8 hel
 greedy tokens by default, taken `--batch` at a time, a round's time their sum; fixed k unless
 `--policy adaptive`; with `--in-flight`, the whole load, that many requests always in flight, as
 a served engine sees them; `--prompts 32`, the load test's prompts, up to 165 tokens where the
-first 8 stop at 102) for `--method`, so each ratio compares runs made moments apart. Both must pick the same tokens, or the comparison stops (greedy output does not
-depend on the policy).
+first 8 stop at 102) for `--method`, so each ratio compares runs made moments apart. Both must
+pick the same tokens, or the comparison stops (greedy output does not depend on the policy).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine, freeze_heap
     from specdec.core.sampling import SamplingParams
-    from specdec.tools.bench import kit_paths, ratio_interval
+    from specdec.tools.bench import kit_paths, ratio_interval, turns
     from specdec.tools.prompts import heldout_prompts
 
     settings = dict(**kit_paths(args.kit), method=args.method, max_batch=args.batch, policy=args.policy, threads=args.threads)
@@ -133,9 +133,8 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     whole = requests if args.in_flight else prompts
     if len({str(run(e, P, whole)) for e, P in engines.values()}) > 1:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
-    # a round runs every engine on each batch of prompts in turn (the whole load under arrivals),
-    # as `specdec bench` does: whole runs in turn let seconds of the machine's drift into the ratios
-    chunks = [whole] if args.in_flight else [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
+    # a round runs every engine on each turn's prompts (`bench.turns`) before any runs the next
+    chunks = [[whole[i] for i in turn] for turn in turns(len(whole), args.batch, args.in_flight)]
     names = list(engines)
     times = {k: [0.0] * args.rounds for k in names}
     for r in range(args.rounds):

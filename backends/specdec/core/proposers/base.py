@@ -50,14 +50,20 @@ class Proposer(Protocol):
         """The slot's sequence left the batch."""
 
 
-def path_features(hidden: Tensor, row: int, path: list[int] | tuple[int, ...]) -> Tensor:
-    """The hidden states [1 + len(path), H] of a step's root and accepted nodes (`path`: their
-    draft indices, in order) in `row` of its hidden states [B, T, H]: a view where they lie in
-    order (a chain), else a gather."""
+def path_offsets(path: list[int] | tuple[int, ...] | range) -> list[int]:
+    """Where a step's root and accepted nodes (`path`: their draft indices, in order) lie among
+    its row's tokens: the root first, draft node i at i + 1."""
+    return [0] + [i + 1 for i in path]
+
+
+def path_features(hidden: Tensor, row: int, path: list[int] | tuple[int, ...] | range) -> Tensor:
+    """The hidden states [1 + len(path), H] of a step's root and accepted nodes in `row` of its
+    hidden states [B, T, H] (`path_offsets`): a view where they lie in order (a chain), else a
+    gather."""
     states = hidden[row]
     if not path or path[-1] == len(path) - 1:
         return states[: 1 + len(path)]
-    return states[[0] + [i + 1 for i in path]]
+    return states[path_offsets(path)]
 
 
 RIDE_ALONG_TOKENS = 8  # a paused row with at most this many pending tokens catches up with the drafting rows

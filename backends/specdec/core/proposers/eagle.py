@@ -55,7 +55,7 @@ class EagleProposer:
         # per slot, the true-feature blocks not fed yet as (pairs, hidden, row, path), each made
         # (`path_features`) only when the catch-up joins them (a paused sequence's steps sliced a
         # block every step, 2% of a plain step at batch 1, for a catch-up that may never come)
-        self.pending: dict[int, list[tuple[int, Tensor, int, tuple[int, ...]]]] = {}
+        self.pending: dict[int, list[tuple[int, Tensor, int, tuple[int, ...] | range]]] = {}
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
         self.chain = None if tree else NativeChain.build(head.native, target.model.embed_tokens.weight, target.head,
                                                          head.fc_inference)
@@ -73,7 +73,7 @@ class EagleProposer:
     def prefill(self, seqs: list[Sequence], features: list[Tensor]) -> None:
         for s, f in zip(seqs, features):
             self.fed[s.slot], self.shift[s.slot] = 0, 0
-            self.pending[s.slot] = [(len(f), f[None], 0, tuple(range(len(f) - 1)))]
+            self.pending[s.slot] = [(len(f), f[None], 0, range(len(f) - 1))]  # the prompt: one chain
 
     def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
         # rounds without a proposal leave their pairs pending too: append, never replace (a list:

@@ -96,7 +96,7 @@ class MedusaProposer:
         return 0  # no model state to keep in sync
 
     def commit(self, seq: Sequence, path: list[int], hidden: Tensor, row: int) -> None:
-        self.last_features[seq.slot] = (hidden, row, path[-1] + 1 if path else 0)
+        self.last_features[seq.slot] = (hidden, row, path[-1] + 1 if path else 0)  # path_offsets(path)[-1], no list
 
     def release(self, slot: int) -> None:
         self.last_features.pop(slot, None)
