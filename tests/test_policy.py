@@ -940,7 +940,7 @@ def batch_run(observe_at_once: bool, cost: Callable[[], CostModel] = compute_bou
                              propose_seconds=0.05 * (1 + max(ks)) if any(ks) else 0.0, depth=max(ks),
                              step_seconds=step_time(n) * rng.lognormvariate(0, 0.1), tokens=n))
         trace.append(ks)
-        held = max(held, len(p.unobserved))
+        held = max(held, len(p.unobserved) + len(p.coasted))
     p.observe_unobserved()
     c, g = p.cost, p.guard.batches[8]
     state = (c.load, c.seconds, c.plain_run, c.steps, {m: list(r.ordered) for m, r in c.plain_steps.items()},
@@ -960,12 +960,12 @@ def test_a_release_within_a_step_leaves_the_plain_steps_for_the_next_search():
     for _ in range(PAUSED_RECHECK // 2):
         ks = p.choose(batch)
         p.observe(StepRecord(batch, ks, ks, [0, 0], [0, 0], step_seconds=2e-3, tokens=2))
-    held = len(p.unobserved)
+    held = len(p.coasted)
     p.release(batch[1].slot)
-    assert held and len(p.unobserved) == held
+    assert held and len(p.coasted) == held
     evidence = p.slots[batch[0].slot].accepted_n
     p.choose(batch[:1])  # the batch changed: a search, after the steps are observed
-    assert not p.unobserved and p.slots[batch[0].slot].accepted_n == pytest.approx(evidence * policy.DECAY ** held)
+    assert not p.coasted and p.slots[batch[0].slot].accepted_n == pytest.approx(evidence * policy.DECAY ** held)
 
 
 def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed_at_once(monkeypatch):

@@ -363,9 +363,12 @@ class Engine:
                 self.proposer.commit(seq, verdict.path, hidden, b)
                 self._lap("commit")
         t4 = time.perf_counter()
-        self.policy.observe(StepRecord(
-            seqs, ks, depths, accepted_n, backlogs, propose_seconds=t1 - t0, depth=max(depths),
-            step_seconds=t4 - t1, tokens=tokens_run, policy_seconds=chosen + self.observed_seconds))
+        if self.policy.coasting_plain:  # a paused batch between searches: its step's times alone
+            self.policy.observe_coasting(seqs, t4 - t1, t1 - t0 + chosen + self.observed_seconds)
+        else:
+            self.policy.observe(StepRecord(
+                seqs, ks, depths, accepted_n, backlogs, propose_seconds=t1 - t0, depth=max(depths),
+                step_seconds=t4 - t1, tokens=tokens_run, policy_seconds=chosen + self.observed_seconds))
         self.observed_seconds = time.perf_counter() - t4  # charged to the next step (`StepRecord.policy_seconds`)
         self._lap("policy")
 

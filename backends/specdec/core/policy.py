@@ -701,6 +701,14 @@ class StepRecord:
     # the guard, timing without it, read as 0.99x (within GUARD_RATIO), and the engine ran 0.96x the
     # baseline. It counts with the proposal's time (`proposal_seconds`).
 
+    @classmethod
+    def plain_step(cls, seqs: list[Sequence], step_seconds: float, proposal_seconds: float) -> "StepRecord":
+        """The record of a step no sequence drafted in (a coasting paused batch's, `Policy.coasted`);
+        `proposal_seconds`: its draft phase's and the policy's time, as `proposal_seconds` reads."""
+        zeros = [0] * len(seqs)
+        return cls(seqs, zeros, zeros, zeros, zeros, step_seconds=step_seconds, tokens=len(seqs),
+                   policy_seconds=proposal_seconds)
+
     @property
     def plain(self) -> bool:
         """No sequence drafted, nor was asked to (a prompt-lookup row that found no match was)."""
@@ -761,7 +769,15 @@ class Policy:
         # batch's plain steps cost 13.7 us of a 0.39 ms plain step at batch 1 (warm, in a run,
         # 4.9 us): most of what a paused method paid beyond the baseline
         self.coasting = False
-        self.unobserved: list[tuple[int, StepRecord]] = []  # (the policy's step number, the step)
+        self.unobserved: list[tuple[int, StepRecord]] = []  # a drafting batch's: (the policy's step number, the step)
+        # a paused batch whose rows all run plain coasts cheaper still: `choose` hands it its ks for
+        # `coast_left` more steps without a check (until a search or probe is due, or an admission or
+        # release changes the batch), and its plain steps are kept as numbers, not StepRecords
+        # (`observe_coasting`): (step number, sequences, step seconds, proposal seconds). At batch 1
+        # a paused EAGLE then ran 1.02x as fast, Medusa 1.01x (docs/benchmarks.md, "Coasting")
+        self.coasting_plain = False
+        self.coast_left = 0
+        self.coasted: list[tuple[int, list[Sequence], float, float]] = []
         self.drafted_at = 0  # the number of the last step observed that was not plain (PLAIN_TIMED)
         # slot -> (the last unobserved step then, state) of a sequence released with steps of it unobserved
         self.leaving: dict[int, tuple[int, SlotState]] = {}
@@ -788,7 +804,12 @@ class Policy:
         return self.slots[seq.slot].later
 
     def choose(self, seqs: list[Sequence]) -> list[int]:
-        self.coasting = False
+        if self.coast_left and len(seqs) == len(self.kept_batch):  # `coasting_plain`: nothing below has moved
+            self.coast_left -= 1
+            self.steps += 1
+            return self.kept_ks.copy()
+        self.coasting = self.coasting_plain = False
+        self.coast_left = 0
         if not self.adaptive or self.cost is None or self.max_k == 0:
             return [self.cap(s) for s in seqs]
         self.steps += 1
@@ -808,6 +829,9 @@ class Policy:
         kept = self.steps < self.recheck_at and batch == self.kept_batch
         if kept and self.steps < self.next_probe:  # the same batch, not due for a search
             self.coasting = True
+            if not self.drafting_regime and not any(self.kept_ks):
+                self.coasting_plain = True
+                self.coast_left = min(self.recheck_at, self.next_probe) - self.steps - 1
             return self.kept_ks.copy()
         paused = kept and not self.drafting_regime
         # (steps are left unobserved only after this return or a drafting search's, below: a
@@ -990,6 +1014,7 @@ class Policy:
 
     def admit(self, seq: Sequence) -> None:
         """A new sequence starts at the engine-wide acceptances."""
+        self.coast_left = 0
         self.observe_unobserved()
         self.slots[seq.slot] = SlotState(acceptance=self.alpha, later=self.beta)
 
@@ -999,51 +1024,62 @@ class Policy:
         own, which the cost model and the guard read as the target's. Its rounds in them still
         count when they are observed (`leaving`); a step observed after this (the one it finished
         in) skips it, as observed at once."""
+        self.coast_left = 0
         state = self.slots.pop(slot, None)
         if state is not None and self.unobserved:
             self.leaving[slot] = (self.unobserved[-1][0], state)
 
     def observe(self, step: StepRecord) -> None:
         """Learn from one decode step (`observe_step`), or, while coasting, later: a drafting
-        batch's steps, a paused batch's plain ones (a pinned row's draft moves what a search reads).
-        A fixed k and the baseline learn nothing: nothing reads what they would (their acceptances'
-        bookkeeping was 5 us of the baseline's 0.26 ms step at batch 1)."""
+        batch's steps, a paused batch's plain ones (`observe_coasting`; a pinned row's draft moves
+        what a search reads, and is observed at once). A fixed k and the baseline learn nothing:
+        nothing reads what they would (their acceptances' bookkeeping was 5 us of the baseline's
+        0.26 ms step at batch 1)."""
         if not self.adaptive:
             return
-        if self.coasting and (self.drafting_regime or step.plain):
+        if self.coasting_plain and step.plain:
+            self.observe_coasting(step.seqs, step.step_seconds, step.proposal_seconds)
+            return
+        if self.coasting and self.drafting_regime:
             self.unobserved.append((self.steps, step))
             return
         self.observe_unobserved()
         self.observe_step(self.steps, step)
 
+    def observe_coasting(self, seqs: list[Sequence], step_seconds: float, proposal_seconds: float) -> None:
+        """A plain step of a paused batch coasting (`coasting_plain`), left for the next search:
+        what the engine calls instead of `observe` then, building no StepRecord."""
+        self.coasted.append((self.steps, seqs, step_seconds, proposal_seconds))
+
     def observe_unobserved(self) -> None:
         """Observe the steps left while coasting, in the order they ran. What they move (the
         load, the curve, the proposal's cost, the guard's rates, the acceptances) is read only
         by a search, a probe or an admission (its slot may be a released one's), each of which
-        calls this first. A drafting step is observed as at once (`observe_step`); plain steps'
-        rounds are counted together: each sequence's evidence decays once a step (the same
-        multiplications as one by one), its estimates made once after (nothing reads them in
-        between): observed round by round, they were 5.4 us of the 9.8 us a paused batch of 8
-        spent observing a plain step, and a paused method's observations 2% of its engine time.
-        Of a long run of plain steps only the latest are timed (`PLAIN_TIMED`)."""
+        calls this first. A drafting batch's steps are observed as at once (`observe_step`); a
+        paused batch's plain steps' rounds are counted together: each sequence's evidence decays
+        once a step (the same multiplications as one by one), its estimates made once after
+        (nothing reads them in between): observed round by round, they were 5.4 us of the 9.8 us a
+        paused batch of 8 spent observing a plain step, and a paused method's observations 2% of
+        its engine time. Of a long run of plain steps only the latest are timed (`PLAIN_TIMED`).
+        Only one of the two lists holds steps at a time: the regime changes at a search, which
+        observes them first."""
         if self.unobserved:
             steps, self.unobserved = self.unobserved, []
+            for number, step in steps:
+                self.observe_step(number, step)
+            self.leaving.clear()
+        if self.coasted:
+            coasted, self.coasted = self.coasted, []
             rounds: dict[int, int] = {}  # slot -> the plain rounds it ran among them
-            timed_from = len(steps) - PLAIN_TIMED
-            for i, (number, step) in enumerate(steps):
-                if not step.plain:
-                    self.decay_rounds(rounds)
-                    rounds = {}
-                    self.observe_step(number, step)
-                    continue
+            timed_from = len(coasted) - PLAIN_TIMED
+            for i, (number, seqs, step_seconds, proposal_seconds) in enumerate(coasted):
                 if i >= timed_from or number - self.drafted_at <= PAIR_GAP + PLAIN_SETTLE:
-                    self.observe_timing(number, step)
+                    self.observe_timing(number, StepRecord.plain_step(seqs, step_seconds, proposal_seconds))
                 elif self.cost is not None:
                     self.cost.pass_plain()
-                for s in step.seqs:
+                for s in seqs:
                     rounds[s.slot] = rounds.get(s.slot, 0) + 1
             self.decay_rounds(rounds)
-            self.leaving.clear()
 
     def decay_rounds(self, rounds: dict[int, int]) -> None:
         """Each sequence's evidence decayed over its plain rounds (slot -> how many), its estimates
@@ -1110,6 +1146,7 @@ class Policy:
             self.next_probe = self.steps + self.probe_gap
         if step.tokens != len(step.seqs) and not self.drafting_regime:  # a paused batch's step with drafts
             self.recheck_at, self.kept_batch = 0, []  # moves costs and acceptances: search again
+            self.coast_left = 0
         seconds = step.proposal_seconds
         if self.regime:  # its search's time lands on one step in DRAFTING_RECHECK: spread
             self.drafting_policy += POLICY_RATE * (step.policy_seconds - self.drafting_policy)
