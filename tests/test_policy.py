@@ -989,6 +989,27 @@ def test_a_paused_batchs_plain_steps_observed_later_leave_the_policy_as_observed
     assert batch_run(observe_at_once=False)[1] == exact
 
 
+def test_a_coasting_paused_batch_is_handed_what_a_checked_choose_would_hand_it(monkeypatch):
+    """Between searches `choose` hands a paused batch of plain rows its kept ks for `coast_left`
+    steps without its checks: the ks at every step and the state after are those of a policy
+    that checks every step, through probes, newcomers and releases."""
+    choose, coasted = Policy.choose, []
+
+    def counted(self, seqs):
+        coasted.append(self.coast_left > 0)
+        return choose(self, seqs)
+
+    def checked(self, seqs):
+        self.coast_left = 0
+        return choose(self, seqs)
+
+    monkeypatch.setattr(Policy, "choose", counted)
+    fast = batch_run(observe_at_once=False)
+    assert sum(coasted) > len(coasted) // 2  # most steps coasted
+    monkeypatch.setattr(Policy, "choose", checked)
+    assert batch_run(observe_at_once=False)[:2] == fast[:2]
+
+
 def test_a_drafting_batchs_steps_observed_later_leave_the_policy_as_observed_at_once():
     """A drafting batch keeps its ks for DRAFTING_RECHECK steps and its steps are observed together
     at the next search: the same ks at every step, and the same state after, as a policy that
