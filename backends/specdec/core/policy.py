@@ -771,10 +771,11 @@ class Policy:
         self.coasting = False
         self.unobserved: list[tuple[int, StepRecord]] = []  # a drafting batch's: (the policy's step number, the step)
         # a paused batch whose rows all run plain coasts cheaper still: `choose` hands it its ks for
-        # `coast_left` more steps without a check (until a search or probe is due, or an admission or
-        # release changes the batch), and its plain steps are kept as numbers, not StepRecords
-        # (`observe_coasting`): (step number, sequences, step seconds, proposal seconds). At batch 1
-        # a paused EAGLE then ran 1.02x as fast, Medusa 1.01x (docs/benchmarks.md, "Coasting")
+        # `coast_left` more steps without a check (until a search or probe is due, an admission or
+        # release changes the batch, or a step drafts), and its plain steps are kept as numbers,
+        # not StepRecords (`observe_coasting`): (step number, sequences, step seconds, proposal
+        # seconds). At batch 1 a paused EAGLE then ran 1.02x as fast, Medusa 1.01x
+        # (docs/benchmarks.md, "A paused batch coasts without its checks")
         self.coasting_plain = False
         self.coast_left = 0
         self.coasted: list[tuple[int, list[Sequence], float, float]] = []
