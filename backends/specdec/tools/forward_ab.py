@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import itertools
 import os
 import re
 import statistics
@@ -133,16 +134,17 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     whole = requests if args.in_flight else prompts
     if len({str(run(e, P, whole)) for e, P in engines.values()}) > 1:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
-    # a round runs every engine on each turn's prompts (`bench.turns`) before any runs the next
+    # a round runs every engine on each turn's prompts (`bench.turns`) before any runs the next,
+    # in alternating order (`time_pairs`: each call is one turn, every engine's next chunk)
     chunks = [[whole[i] for i in turn] for turn in turns(len(whole), args.batch, args.in_flight)]
-    names = list(engines)
-    times = {k: [0.0] * args.rounds for k in names}
-    for r in range(args.rounds):
-        for c, chunk in enumerate(chunks):
-            for k in (names if (r + c) % 2 else names[::-1]):
-                t0 = time.perf_counter()
-                run(*engines[k], chunk)
-                times[k][r] += time.perf_counter() - t0
+
+    def turn_by_turn(engine, params) -> Callable[[], object]:
+        chunk = itertools.cycle(chunks)
+        return lambda: run(engine, params, next(chunk))
+
+    calls = time_pairs({k: turn_by_turn(*ep) for k, ep in engines.items()}, args.rounds * len(chunks))
+    n = len(chunks)
+    times = {k: [sum(t[r * n : (r + 1) * n]) for r in range(args.rounds)] for k, t in calls.items()}
     # a round's time per side: its engines' runs summed (an adaptive engine's state carries from one
     # run to the next, and one engine may stay paused through a run where another drafts)
     sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)]
