@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from specdec.core import policy, rate_guard
-from specdec.core.policy import CostModel, Policy, StepRecord
+from specdec.core.policy import CostModel, Policy, SlotState, StepRecord
 from specdec.core.rate_guard import GUARD_HOLD, GUARD_MIN_DRAFTED, GUARD_MIN_PLAIN, RateGuard
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -47,6 +47,20 @@ def test_drafting_at_par_or_better_is_not_vetoed(drafting_rate):
     guard = RateGuard()
     step = feed(guard, 0, drafting_rate=drafting_rate, plain_rate=1.0)
     assert not guard.vetoed(8, step)
+
+
+def test_a_veto_owes_a_re_trial_of_paid_min_drafted_steps_once_its_hold_ends():
+    guard = RateGuard()
+    assert not guard.retrial_due(8, 0)
+    feed(guard, 0, drafting_rate=0.9, plain_rate=1.0)
+    until = guard.batches[8].until
+    assert not guard.retrial_due(8, until - 1) and guard.retrial_due(8, until) and not guard.retrial_due(4, until)
+    for step in range(until, until + rate_guard.PAID_MIN_DRAFTED):
+        assert guard.retrial_due(8, step)
+        guard.add(8, step, 16, 16.0, drafting=True)
+    assert not guard.retrial_due(8, step + 1)  # had its say: `paid` reads it
+    step = feed(guard, step + 1, drafting_rate=0.9, plain_rate=1.0)  # judged at a loss: vetoed again
+    assert guard.vetoed(8, step) and guard.retrial_due(8, guard.batches[8].until)
 
 
 def test_drafting_that_paid_within_the_window_lets_the_policy_draft_on():
@@ -104,6 +118,40 @@ def test_too_few_plain_steps_say_nothing():
     for step in range(10 * GUARD_MIN_DRAFTED):
         guard.add(8, step, 8, 100.0, drafting=True)
     assert not guard.vetoed(8, 10 * GUARD_MIN_DRAFTED)
+
+
+def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_near_plain():
+    """A veto comes after drafting looked bad, when the acceptances are at their lowest, and a
+    paused batch of one does not move them (probes aside). A draft model whose acceptances read
+    0.8 there (its model rates drafting 0.89x plain; at 0.95 it drafted, 1.14x) draws a re-trial
+    once the hold ends (`retrial_due`); drafting that then realizes the plain rate is judged and
+    resets the hold. Without the re-trial it stayed paused: the demo kit's draft model at batch 1
+    for 800 steps past a hold of 256."""
+    import test_policy
+
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], draft_fixed=0.55, draft_per_level=0.15)
+    p.probe_gap = p.next_probe = 10**9  # no probes: nothing but the re-trial moves the acceptances
+    p.engine = SlotState(0.8, 0.8)
+    [s] = test_policy.seqs(p, 1, 0.8)
+    p.steps = feed(p.guard, 0, drafting_rate=0.9, plain_rate=1.0, rows=1)
+    until = p.guard.batches[1].until
+    regimes = []
+    while p.steps < until + policy.PAUSED_RECHECK_MAX + 1 and not p.drafting_regime:
+        [k] = p.choose([s])
+        p.observe(StepRecord([s], [k], [k], [0], [0], step_seconds=1.0, tokens=1 + k))
+        regimes.append((p.steps, p.drafting_regime))
+    assert not any(drafting for step, drafting in regimes if step < until)  # held
+    assert p.drafting_regime and p.guard.retrial_due(1, p.steps)  # the re-trial, best drafting pick
+    drafted = 0
+    while drafted < GUARD_MIN_DRAFTED:  # the re-trial's steps, then drafting on where they paid, until judged
+        [k] = p.choose([s])
+        assert k > 0 or p.anchoring  # drafting, but for its anchors' plain steps
+        drafted += k > 0
+        p.observe(StepRecord([s], [k], [k], [k], [1 if k else 0], propose_seconds=0.55 + 0.15 * k if k else 0.0,
+                             depth=k, step_seconds=1.0 + 0.45 * k, tokens=1 + k))  # every draft token accepted
+        assert p.guard.retrial_due(1, p.steps) == (drafted < rate_guard.PAID_MIN_DRAFTED)
+    assert not p.guard.vetoed(1, p.steps) and p.guard.batches[1].hold == GUARD_HOLD
 
 
 AFTERMATH = (1.27, 1.23, 1.18, 1.10, 1.06, 1.05)  # the plain steps after drafted ones, as a share of a

@@ -849,7 +849,8 @@ class Policy:
             k, drafting = self.best(caps, alphas, betas, pinned, self.catch_up_charges(seqs, caps, alphas, betas))
             if drafting and self.guard.vetoed(len(seqs), self.steps):
                 k, drafting = 0, set()
-            elif not drafting and self.best_drafting[2] >= DRAFTING_FLOOR and self.guard.paid(len(seqs), self.steps):
+            elif not drafting and self.best_drafting[2] >= DRAFTING_FLOOR and (
+                    self.guard.paid(len(seqs), self.steps) or self.guard.retrial_due(len(seqs), self.steps)):
                 k, drafting = self.best_drafting[0], set(self.best_drafting[1])
             same = batch == self.kept_batch and not self.drafting_regime
             self.regime = self.drafting_regime = bool(drafting)
