@@ -269,7 +269,7 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
          "GrpcStreamUser", "--headless", "-u", "2", "-r", "2", "--run-time", "6s", "--host", f"http://{served.http_url}",
-         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--prompts-file", str(prompts),
+         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--prompts-file", str(prompts),
          "--samples-out", str(out)],
         capture_output=True, text=True, timeout=180, env=_locust_env())
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
@@ -283,8 +283,9 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
 
 def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(served, tmp_path):
     """A request whose model stops answering mid-stream (its stub stopped with SIGSTOP once the
-    server has streamed tokens of the run's back-to-back 400-token requests for 1.5 s) is given up
-    after --request-timeout with a sample that says so, and Locust still ends at its run time.
+    server has streamed tokens of the run's back-to-back 500-token requests for 1.5 s, while it is
+    busy) is given up after --request-timeout with a sample that says so, and Locust still ends at
+    its run time.
     Before, the user dropped the stream's client, whose `__del__` closed it without cancelling: it
     waited for responses that never came, and Locust's exit waited for its reader (the distributed
     canary test's worker, killed after 30 s, in 3 of 15 runs, when the canary's BLS calls
@@ -297,13 +298,25 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
     before = scrape(served.metrics_url)
     done, stopped = threading.Event(), []
 
+    def cpu_ticks() -> int:  # the stub's user + system time, in clock ticks
+        rest = Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+
     def stop_once_streaming() -> None:
         while not done.wait(0.1):
             if stats.metric_delta(before, scrape(served.metrics_url), "specdec:generation_tokens", model="baseline") > 0:
                 done.wait(1.5)
-                if not done.is_set():
-                    os.kill(stub, signal.SIGSTOP)
-                    stopped.append(time.monotonic() - t0)
+                # stopped between two requests (a clean-clone run), the stub was reported "not
+                # healthy" to the next ones and no request was given up: stop it mid-stream, busy
+                # for most of the last 30 ms (an idle stub spends none)
+                last = cpu_ticks()
+                while not done.wait(0.03):
+                    now = cpu_ticks()
+                    if now - last >= 2:
+                        os.kill(stub, signal.SIGSTOP)
+                        stopped.append(time.monotonic() - t0)
+                        return
+                    last = now
                 return
 
     stopper = threading.Thread(target=stop_once_streaming, daemon=True)
@@ -313,7 +326,7 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
         proc = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
              "GrpcStreamUser", "--headless", "-u", "1", "-r", "1", "--run-time", "8s", "--host", f"http://{served.http_url}",
-             "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--prompts-file", str(prompts),
+             "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--prompts-file", str(prompts),
              "--request-timeout", "3", "--samples-out", str(out)],
             capture_output=True, text=True, timeout=60, env=_locust_env())
         took = time.monotonic() - t0
