@@ -81,7 +81,7 @@ class BatchRates:
     hold: int = GUARD_HOLD  # steps the next veto holds
     until: int = 0  # drafting is vetoed before this step
     vetoes: int = 0
-    retrial: bool = False  # vetoed, and fewer than PAID_MIN_DRAFTED drafting steps since (`RateGuard.retrial_due`)
+    retrial: bool = False  # vetoed, < PAID_MIN_DRAFTED drafting steps since its hold (`RateGuard.retrial_due`)
 
 
 class RateGuard:
