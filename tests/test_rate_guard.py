@@ -49,18 +49,30 @@ def test_drafting_at_par_or_better_is_not_vetoed(drafting_rate):
     assert not guard.vetoed(8, step)
 
 
-def test_a_veto_owes_a_re_trial_of_paid_min_drafted_steps_once_its_hold_ends():
+def veto_after_par(guard: RateGuard, rows: int) -> int:
+    """Drafting judged at the plain rate, then at half of it until vetoed (as the policy drafts:
+    nothing during the hold); the step after the veto."""
+    step = feed(guard, 0, drafting_rate=1.0, plain_rate=1.0, rows=rows)
+    while not guard.vetoed(rows, step):
+        guard.add(rows, step, 2 * rows, 4.0 * rows, drafting=True)
+        step += 1
+    return step
+
+
+def test_a_veto_of_drafting_that_had_paid_owes_a_re_trial_once_its_hold_ends():
     guard = RateGuard()
-    assert not guard.retrial_due(8, 0)
-    feed(guard, 0, drafting_rate=0.9, plain_rate=1.0)
+    step = feed(guard, 0, drafting_rate=0.9, plain_rate=1.0)  # never judged at par: nothing owed
+    assert guard.vetoed(8, step) and not guard.retrial_due(8, guard.batches[8].until)
+    guard = RateGuard()
+    step = veto_after_par(guard, 8)
     until = guard.batches[8].until
     assert not guard.retrial_due(8, until - 1) and guard.retrial_due(8, until) and not guard.retrial_due(4, until)
     for step in range(until, until + rate_guard.PAID_MIN_DRAFTED):
         assert guard.retrial_due(8, step)
         guard.add(8, step, 16, 16.0, drafting=True)
     assert not guard.retrial_due(8, step + 1)  # had its say: `paid` reads it
-    step = feed(guard, step + 1, drafting_rate=0.9, plain_rate=1.0)  # judged at a loss: vetoed again
-    assert guard.vetoed(8, step) and guard.retrial_due(8, guard.batches[8].until)
+    step = feed(guard, step + 1, drafting_rate=0.9, plain_rate=1.0)  # judged at a loss, nothing paid since
+    assert guard.vetoed(8, step) and not guard.retrial_due(8, guard.batches[8].until)
 
 
 def test_drafting_that_paid_within_the_window_lets_the_policy_draft_on():
@@ -122,8 +134,9 @@ def test_too_few_plain_steps_say_nothing():
 
 def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_near_plain():
     """A veto comes after drafting looked bad, when the acceptances are at their lowest, and a
-    paused batch of one does not move them (probes aside). A draft model whose acceptances read
-    0.8 there (its model rates drafting 0.89x plain; at 0.95 it drafted, 1.14x) draws a re-trial
+    paused batch of one does not move them (probes aside). A draft model whose drafting had paid,
+    then was vetoed with its acceptances at 0.8 (its model rates drafting 0.89x plain; at 0.95 it
+    drafted, 1.14x) draws a re-trial
     once the hold ends (`retrial_due`); drafting that then realizes the plain rate is judged and
     resets the hold. Without the re-trial it stayed paused: the demo kit's draft model at batch 1
     for 800 steps past a hold of 256."""
@@ -134,7 +147,7 @@ def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_ne
     p.probe_gap = p.next_probe = 10**9  # no probes: nothing but the re-trial moves the acceptances
     p.engine = SlotState(0.8, 0.8)
     [s] = test_policy.seqs(p, 1, 0.8)
-    p.steps = feed(p.guard, 0, drafting_rate=0.9, plain_rate=1.0, rows=1)
+    p.steps = veto_after_par(p.guard, 1)
     until = p.guard.batches[1].until
     regimes = []
     while p.steps < until + policy.PAUSED_RECHECK_MAX + 1 and not p.drafting_regime:
