@@ -269,7 +269,7 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
          "GrpcStreamUser", "--headless", "-u", "2", "-r", "2", "--run-time", "6s", "--host", f"http://{served.http_url}",
-         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--prompts-file", str(prompts),
+         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--prompts-file", str(prompts),
          "--samples-out", str(out)],
         capture_output=True, text=True, timeout=180, env=_locust_env())
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
@@ -285,11 +285,10 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
     """A request whose model stops answering mid-stream (its stub stopped with SIGSTOP once the
     server has streamed tokens of the run's back-to-back 500-token requests for 1.5 s, while it is
     busy) is given up after --request-timeout with a sample that says so, and Locust still ends at
-    its run time.
-    Before, the user dropped the stream's client, whose `__del__` closed it without cancelling: it
-    waited for responses that never came, and Locust's exit waited for its reader (the distributed
-    canary test's worker, killed after 30 s, in 3 of 15 runs, when the canary's BLS calls
-    deadlocked: `bls.exec`). The stop waits for the server's first tokens (a timer from the
+    its run time. Before, the user dropped the stream's client, whose `__del__` closed it without
+    cancelling: it waited for responses that never came, and Locust's exit waited for its reader
+    (the distributed canary test's worker, killed after 30 s, in 3 of 15 runs, when the canary's
+    BLS calls deadlocked: `bls.exec`). The stop waits for the server's first tokens (a timer from the
     command's start once fired while Locust, slow to start on a loaded machine, had sent nothing:
     one clean-clone run saw no request given up)."""
     [stub] = noise.model_stubs(noise.server_pid(served.grpc_url), "baseline")

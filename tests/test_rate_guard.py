@@ -136,10 +136,9 @@ def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_ne
     """A veto comes after drafting looked bad, when the acceptances are at their lowest, and a
     paused batch of one does not move them (probes aside). A draft model whose drafting had paid,
     then was vetoed with its acceptances at 0.8 (its model rates drafting 0.89x plain; at 0.95 it
-    drafted, 1.14x) draws a re-trial
-    once the hold ends (`retrial_due`); drafting that then realizes the plain rate is judged and
-    resets the hold. Without the re-trial it stayed paused: the demo kit's draft model at batch 1
-    for 800 steps past a hold of 256."""
+    drafted, 1.14x) draws a re-trial once the hold ends (`retrial_due`); drafting that then
+    realizes the plain rate is judged and resets the hold. Without the re-trial it stayed paused:
+    the demo kit's draft model at batch 1 for 800 steps past a hold of 256."""
     import test_policy
 
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
