@@ -628,6 +628,29 @@ def test_the_engine_wide_prior_fades_with_the_evidence(accepted, alpha, beta):
     assert p.alpha == pytest.approx(0.0, abs=0.005) and 0.0 <= p.beta <= 1.0
 
 
+
+def test_engine_wide_evidence_ages_with_the_steps_nothing_drafted_in():
+    """While a batch is paused only probes add engine-wide rounds, hundreds of steps apart: the
+    evidence before them decays once per PROBE_EVERY steps without a round (down to PRIOR_TRIALS),
+    so after a hard stretch (every first token rejected) three accepted probes 2000 steps apart lift
+    alpha past 0.6, where the same three rounds back to back leave it below 0.3; each probe moves it
+    by about a third at most (its own round decays the rest once more)."""
+    def hard_then_probes(gap: int) -> list[float]:
+        p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+        [s] = seqs(p, 1, 0.5)
+        for n in range(1, 21):
+            p.observe_step(n, StepRecord([s], [4], [4], [0], [0]))
+        alphas = [p.alpha]
+        for n in range(21 + gap, 21 + 4 * gap, gap):
+            p.observe_step(n, StepRecord([s], [4], [4], [4], [0]))
+            alphas.append(p.alpha)
+        return alphas
+
+    aged, back_to_back = hard_then_probes(2000), hard_then_probes(1)
+    assert aged[0] == back_to_back[0] < 0.1
+    assert aged[-1] > 0.6 and back_to_back[-1] < 0.3
+    assert all(after - before <= 0.36 * (1 - before) for before, after in zip(aged, aged[1:]))
+
 def test_a_proposal_for_more_rows_costs_a_share_of_a_row_per_extra_row():
     """A proposal for m rows is predicted at 1 + share * (m - 1) one-row proposals: costs timed with
     one user do not make a batch of four look as cheap to draft for as one (charged once for four

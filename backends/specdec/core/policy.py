@@ -75,7 +75,15 @@ ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide a
 # weight beside counts capped at ~13 rounds kept 13% of it for good: replayed (`tools.acceptance_fit`),
 # the engine-wide estimate predicted 6.4-9.0% too few accepted tokens per round (draft model, prompt
 # lookup, EAGLE; batch 1 and 8), each sequence's, drawn towards it, 1.4-5.5% too few; decaying
-# with the counts, -1.9% to +0.5% and +1.0% to -3.2%
+# with the counts, -1.9% to +0.5% and +1.0% to -3.2%. The same decay also runs once per PROBE_EVERY
+# steps in which no sequence drafted (`age_engine`), down to PRIOR_TRIALS of evidence: while a batch is
+# paused only probes add rounds, one in hundreds or thousands of steps, and per round alone the counts
+# kept a hard stretch's acceptances for thousands of steps after it. In the policy's simulation of a
+# draft model at batch 1 (tests/test_policy.py, `draft_model_rate`), 400 steps accepting half as often
+# at 1.5x the drafting cost, then the easy prompts again: per round alone, 20 of 24 seeds stayed paused
+# over 1000 steps after it (median 1700), the 3000 steps after it at 0.918x fixed k = 4's rate; aged
+# so, 11 of 24 (median 670), 0.980x (the rest is the probes' spacing: PROBE_BUDGET put them 500-1900
+# steps apart there, each catching the drafter up on up to 256 tokens)
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
 SHAPE_SAMPLES = 15  # recent steps per token count whose median sets that count's point ...
@@ -732,6 +740,7 @@ class Policy:
         self.cost: CostModel | None = None
         self.engine = SlotState(PRIOR_ALPHA, PRIOR_ALPHA)  # engine-wide acceptances over recent rounds (ENGINE_DECAY)
         self.engine_prior = PRIOR_TRIALS  # the weight of PRIOR_ALPHA in them, decaying with their counts
+        self.engine_drafted_at = 0  # the step of the latest engine-wide round (`age_engine`)
         self.steps = 0
         self.probe_gap = self.next_probe = PROBE_EVERY
         self.probes = 0
@@ -1103,6 +1112,8 @@ class Policy:
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
         decay = 1.0 if self.anchoring else DECAY
+        if not step.plain and not self.best_only:
+            self.age_engine(number)
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             state = self.slots.get(s.slot)
             if state is None and s.slot in self.leaving:  # finished since this step, observed later
@@ -1169,14 +1180,34 @@ class Policy:
         `tools.acceptance_fit`'s replays."""
         state.count(decay, depth_drafted, accepted)
         if depth_drafted > 0 and engine_wide:
-            engine = self.engine
-            engine.count(ENGINE_DECAY, depth_drafted, accepted)
-            # floored: after ~9000 rounds it would underflow to 0, and beta's estimate, where no
-            # round drafted past one token, to 0 / 0
-            self.engine_prior = max(self.engine_prior * ENGINE_DECAY, 1e-3 * PRIOR_TRIALS)
-            engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA, self.engine_prior)
-            engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA, self.engine_prior)
+            self.engine.count(ENGINE_DECAY, depth_drafted, accepted)
+            self.estimate_engine(ENGINE_DECAY)
         self.estimate_own(state)
+
+    def age_engine(self, number: int) -> None:
+        """Before step `number`'s engine-wide rounds: decay the engine-wide evidence once per
+        PROBE_EVERY steps since the latest such round beyond the next (ENGINE_DECAY, as a round
+        would), keeping at least PRIOR_TRIALS of it, so that evidence that old weighs what a probe's
+        rounds weigh against it, and one probe moves the estimate by a third at most."""
+        idle = number - self.engine_drafted_at - 1
+        self.engine_drafted_at = number
+        if idle <= 0:
+            return
+        engine = self.engine
+        weight = engine.accepted_n + engine.rejected_n + self.engine_prior
+        decay = max(ENGINE_DECAY ** (idle / PROBE_EVERY), min(PRIOR_TRIALS / weight, 1.0))
+        engine.decay(decay)
+        self.estimate_engine(decay)
+
+    def estimate_engine(self, decay: float) -> None:
+        """The engine-wide acceptances from their evidence, once its counts were decayed by
+        `decay`: the start-up prior fades with them."""
+        engine = self.engine
+        # floored: after ~9000 rounds it would underflow to 0, and beta's estimate, where no
+        # round drafted past one token, to 0 / 0
+        self.engine_prior = max(self.engine_prior * decay, 1e-3 * PRIOR_TRIALS)
+        engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA, self.engine_prior)
+        engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA, self.engine_prior)
 
     def estimate_own(self, state: SlotState) -> None:
         """A sequence's acceptances from its evidence, drawn towards the engine-wide ones."""
