@@ -43,6 +43,24 @@ def test_engine_ab_takes_turns_batch_by_batch_and_gives_an_interval(capsys, monk
                      capsys.readouterr().out)
 
 
+
+def test_engine_ab_with_sampled_traffic_first_times_each_phase_apart(capsys, monkeypatch):
+    """`--sampled-first T`: each turn's prompts run sampled at T, then greedy, one call each; the
+    two phases are reported apart, the greedy one checked for identical outputs."""
+    from specdec.core.engine import Engine
+
+    temperatures, generate = [], Engine.generate
+    monkeypatch.setattr(Engine, "generate",
+                        lambda self, prompts, params: temperatures.append(params.temperature) or generate(self, prompts, params))
+    main(["--rev", "HEAD", "--method", "baseline", "--rounds", "2", "--prompts", "2", "--max-tokens", "2",
+          "--sampled-first", "0.8"])
+    assert temperatures[-4:] == [0.8, 0.0, 0.8, 0.0]  # this checkout's last round: 2 prompts, each sampled then greedy
+    out = capsys.readouterr().out
+    assert re.search(r"2 alternating rounds of 2 x 2 sampled tokens at temperature 0.8 \(short prompts\): HEAD [\d.]+ s, "
+                     r"this checkout [\d.]+ s; speedup median [\d.]+x \(range [^)]*\)\n", out)
+    assert re.search(r"2 alternating rounds of 2 x 2 greedy tokens \(short prompts\), each turn after its prompts sampled "
+                     r"at temperature 0.8: .*identical outputs", out)
+
 def test_engine_ab_takes_the_prompts_of_a_band(capsys):
     main(["--rev", "HEAD", "--method", "baseline", "--rounds", "1", "--prompts", "2", "--max-tokens", "2", "--band", "long"])
     assert re.search(r"1 alternating rounds of 2 x 2 greedy tokens \(long prompts\): .*identical outputs", capsys.readouterr().out)

@@ -148,6 +148,40 @@ def test_newcomers_start_at_the_engine_wide_acceptance():
     assert p.acceptance(newcomer) > 0.9
 
 
+
+def test_greedy_and_sampled_requests_keep_their_own_proposal_costs_and_acceptances():
+    """A greedy batch's proposal is one native call where a sampled row's draws each token from
+    its q in the drafter's Python (the draft model at batch 1: 4-6x dearer at k = 4), and a
+    sampled draft is accepted by rejection sampling, less often than a greedy one matches. Learned
+    together, a stretch of sampled requests left greedy drafting priced at the sampled path's cost
+    and greedy newcomers starting at the sampled acceptance: paused. Each path keeps its own
+    proposal fit (`CostModel.use_path`) and engine-wide acceptances (`Policy.wide`)."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.3, 2.2], draft_fixed=0.1, draft_per_level=0.05)
+    greedy, sampled = SamplingParams(max_tokens=10**6), SamplingParams(max_tokens=10**6, temperature=1.0)
+
+    def requests(params: SamplingParams, propose: float, accepted: int) -> None:
+        for _ in range(3):
+            s = Sequence("r", [1, 2], params, lambda o: None, slot=next(SLOTS))
+            p.admit(s)
+            for _ in range(20):
+                p.observe(StepRecord([s], [4], [4], [accepted], [1], propose_seconds=propose, depth=4,
+                                     step_seconds=1.3, tokens=5))
+            p.release(s.slot)
+
+    requests(greedy, 0.3, 4)
+    requests(sampled, 1.5, 0)
+    greedy_newcomer, sampled_newcomer = (Sequence("n", [1, 2], params, lambda o: None, slot=next(SLOTS))
+                                         for params in (greedy, sampled))
+    p.admit(greedy_newcomer)
+    p.admit(sampled_newcomer)
+    assert p.acceptance(greedy_newcomer) > 0.9 and p.acceptance(sampled_newcomer) < 0.1
+    p.choose([greedy_newcomer])  # prices its proposals on the greedy path's fit
+    greedy_proposal = p.cost.draft_at_calibration(4)
+    assert not p.cost.sampled_path
+    p.choose([sampled_newcomer])
+    assert p.cost.sampled_path and p.cost.draft_at_calibration(4) / greedy_proposal == pytest.approx(1.5 / 0.3, rel=0.1)
+
 def test_one_rejected_round_after_many_accepted_keeps_speculating():
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = CostModel([1, 8], [1.0, 1.6], draft_fixed=0.4, draft_per_level=0.15)
@@ -965,7 +999,7 @@ def batch_run(observe_at_once: bool, cost: Callable[[], CostModel] = compute_bou
         trace.append(ks)
         held = max(held, len(p.unobserved) + len(p.coasted))
     p.observe_unobserved()
-    c, g = p.cost, p.guard.batches[8]
+    c, g = p.cost, p.guard.batches[8, False]
     state = (c.load, c.seconds, c.plain_run, c.steps, {m: list(r.ordered) for m, r in c.plain_steps.items()},
              {slot: (st.acceptance, st.later) for slot, st in p.slots.items()}, (p.alpha, p.beta),
              list(g.plain.steps), list(g.drafting.steps), p.probe_gap, p.next_probe, p.recheck_at)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from typing import Hashable
 
 import pytest
 
@@ -18,14 +19,17 @@ from specdec.core.sequence import Sequence
 SLOTS = itertools.count(1000)
 
 
-def feed(guard: RateGuard, start: int, drafting_rate: float, plain_rate: float, rows: int = 8) -> int:
-    """Enough steps of both regimes at these rates (tokens per second) to compare them; the next step."""
+def feed(guard: RateGuard, start: int, drafting_rate: float, plain_rate: float, rows: int = 8,
+         key: Hashable = None) -> int:
+    """Enough steps of both regimes of a batch of `rows` at these rates (tokens per second) to
+    compare them, under `key` (default: `rows`; the policy's is `Policy.batch_key`); the next step."""
+    key = rows if key is None else key
     step = start
     for _ in range(GUARD_MIN_PLAIN):
-        guard.add(rows, step, rows, rows / plain_rate, drafting=False)
+        guard.add(key, step, rows, rows / plain_rate, drafting=False)
         step += 1
     for _ in range(GUARD_MIN_DRAFTED):
-        guard.add(rows, step, 2 * rows, 2 * rows / drafting_rate, drafting=True)
+        guard.add(key, step, 2 * rows, 2 * rows / drafting_rate, drafting=True)
         step += 1
     return step
 
@@ -49,12 +53,13 @@ def test_drafting_at_par_or_better_is_not_vetoed(drafting_rate):
     assert not guard.vetoed(8, step)
 
 
-def veto_after_par(guard: RateGuard, rows: int) -> int:
+def veto_after_par(guard: RateGuard, rows: int, key: Hashable = None) -> int:
     """Drafting judged at the plain rate, then at half of it until vetoed (as the policy drafts:
     nothing during the hold); the step after the veto."""
-    step = feed(guard, 0, drafting_rate=1.0, plain_rate=1.0, rows=rows)
-    while not guard.vetoed(rows, step):
-        guard.add(rows, step, 2 * rows, 4.0 * rows, drafting=True)
+    key = rows if key is None else key
+    step = feed(guard, 0, drafting_rate=1.0, plain_rate=1.0, rows=rows, key=key)
+    while not guard.vetoed(key, step):
+        guard.add(key, step, 2 * rows, 4.0 * rows, drafting=True)
         step += 1
     return step
 
@@ -144,17 +149,18 @@ def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_ne
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], draft_fixed=0.55, draft_per_level=0.15)
     p.probe_gap = p.next_probe = 10**9  # no probes: nothing but the re-trial moves the acceptances
-    p.engine = SlotState(0.8, 0.8)
+    p.wide[False].state = SlotState(0.8, 0.8)
     [s] = test_policy.seqs(p, 1, 0.8)
-    p.steps = veto_after_par(p.guard, 1)
-    until = p.guard.batches[1].until
+    key = p.batch_key([s])
+    p.steps = veto_after_par(p.guard, 1, key)
+    until = p.guard.batches[key].until
     regimes = []
     while p.steps < until + policy.PAUSED_RECHECK_MAX + 1 and not p.drafting_regime:
         [k] = p.choose([s])
         p.observe(StepRecord([s], [k], [k], [0], [0], step_seconds=1.0, tokens=1 + k))
         regimes.append((p.steps, p.drafting_regime))
     assert not any(drafting for step, drafting in regimes if step < until)  # held
-    assert p.drafting_regime and p.guard.retrial_due(1, p.steps)  # the re-trial, best drafting pick
+    assert p.drafting_regime and p.guard.retrial_due(key, p.steps)  # the re-trial, best drafting pick
     drafted = 0
     while drafted < GUARD_MIN_DRAFTED:  # the re-trial's steps, then drafting on where they paid, until judged
         [k] = p.choose([s])
@@ -162,8 +168,33 @@ def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_ne
         drafted += k > 0
         p.observe(StepRecord([s], [k], [k], [k], [1 if k else 0], propose_seconds=0.55 + 0.15 * k if k else 0.0,
                              depth=k, step_seconds=1.0 + 0.45 * k, tokens=1 + k))  # every draft token accepted
-        assert p.guard.retrial_due(1, p.steps) == (drafted < rate_guard.PAID_MIN_DRAFTED)
-    assert not p.guard.vetoed(1, p.steps) and p.guard.batches[1].hold == GUARD_HOLD
+        assert p.guard.retrial_due(key, p.steps) == (drafted < rate_guard.PAID_MIN_DRAFTED)
+    assert not p.guard.vetoed(key, p.steps) and p.guard.batches[key].hold == GUARD_HOLD
+
+
+def test_greedy_and_sampled_batches_are_judged_apart():
+    """A sampled row's steps take the target's logits and rejection sampling, its proposals the
+    drafter's Python: drafting that paid for greedy batches says nothing of sampled ones. With
+    requests alternating greedy and sampled (the draft model at batch 1), greedy drafting judged
+    to pay let the sampled ones draft at the floor (`paid`, `DRAFTING_FLOOR`), at 0.61 ms a token
+    against 0.45 plain. Each batch is judged under its size and path (`Policy.batch_key`)."""
+    import test_policy
+
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], draft_fixed=0.55, draft_per_level=0.15)
+    p.probe_gap = p.next_probe = 10**9
+    p.wide[False].state = p.wide[True].state = SlotState(0.8, 0.8)  # the model: drafting ~0.89x plain
+    [greedy] = test_policy.seqs(p, 1, 0.8)
+    sampled = Sequence("s", [1, 2], SamplingParams(temperature=1.0), lambda o: None, slot=next(SLOTS))
+    p.admit(sampled)
+    p.slots[sampled.slot] = SlotState(**{**vars(p.slots[greedy.slot]), "sampled": True})
+    assert p.batch_key([greedy]) == (1, False) and p.batch_key([sampled]) == (1, True)
+    assert p.batch_key([greedy, sampled]) == (2, True)
+    p.steps = feed(p.guard, 0, drafting_rate=1.2, plain_rate=1.0, rows=1, key=(1, False))
+    assert p.guard.paid((1, False), p.steps) and not p.guard.paid((1, True), p.steps)
+    assert p.choose([greedy]) == [p.best_drafting[0]] and p.best_drafting[0] > 0  # drafts at the floor
+    p.recheck_at = 0
+    assert p.choose([sampled]) == [0]  # the same model's word, but sampled drafting never paid
 
 
 AFTERMATH = (1.27, 1.23, 1.18, 1.10, 1.06, 1.05)  # the plain steps after drafted ones, as a share of a

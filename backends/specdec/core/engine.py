@@ -43,6 +43,8 @@ log = logging.getLogger("specdec.core.engine")
 # "compact": moving accepted tree nodes' KV entries; "commit": the proposer's own bookkeeping
 # after verification; "output": committing tokens, stop conditions, detokenizing, streaming.
 PHASES = ("schedule", "policy", "draft", "inputs", "forward", "verify", "compact", "commit", "output")
+SAMPLED_TIMING_TEMPERATURE = 1.0  # the sampled requests a proposal is timed with before serving
+# (`Engine.time_proposals`): what a sampled row's proposal costs does not depend on the temperature
 
 
 @dataclass
@@ -118,6 +120,9 @@ class Engine:
         if self.adaptive:
             cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
             cost.start_proposals(self.time_proposals())
+            cost.use_path(sampled=True)  # a sampled row's proposal (`CostModel.use_path`), timed apart
+            cost.start_proposals(self.time_proposals(temperature=SAMPLED_TIMING_TEMPERATURE))
+            cost.use_path(sampled=False)
             self.policy = self.new_policy()  # what the timing requests taught it (their acceptance) is forgotten
             self.policy.cost = cost
             self.metrics = EngineMetrics()
@@ -480,7 +485,7 @@ class Engine:
             self.policy.cost.observe_output(per_response * (outputs if alone is None else alone) / outputs,
                                             self.policy.drafting_regime)
 
-    def time_proposals(self, rounds: int = 2) -> list[tuple[int, int, float]]:
+    def time_proposals(self, rounds: int = 2, temperature: float = 0.0) -> list[tuple[int, int, float]]:
         """(rows, depth, seconds): the fastest in-sync proposal for one row and for a full batch at
         two depths, timed over a few steps of requests run before serving (the policy has no
         cost model yet, so each drafts its cap), in rounds like the target's curve, so that a
@@ -488,7 +493,10 @@ class Engine:
         started from a tenth of a one-token target forward per level and row: EAGLE's proposal
         was 4x that (2.1 one-token forwards at depth 4), prompt lookup's a twelfth of it, and a
         paused method whose probes all caught up first (at batch 8 every probe did) kept the
-        guess for good."""
+        guess for good. At a `temperature`, sampled (unseeded) requests: a sampled row's proposal
+        (`CostModel.use_path`), started from the greedy one's fit and its own samples only, was
+        priced at 0.3 ms where its probes took 0.7-1.2 ms (the draft model at batch 1: while paused,
+        nearly every proposal it timed was a catch-up), and it drafted at a loss."""
         prompt = [1 + i % 8 for i in range(min(24, self.max_context // 2))]  # a pattern prompt lookup finds
         if not prompt:  # a context too short for any request (one token): nothing to time
             return []
@@ -496,7 +504,7 @@ class Engine:
         self.policy.cost = None  # no cost model: every request drafts its cap
         cells = [(rows, k) for rows in sorted({1, self.max_batch}) for k in sorted({min(2, top), top})]
         params = {k: SamplingParams(max_tokens=min(16, self.max_context - len(prompt)), ignore_eos=True,
-                                    num_draft_tokens=k) for k in {k for _, k in cells}}
+                                    num_draft_tokens=k, temperature=temperature) for k in {k for _, k in cells}}
         fastest = dict.fromkeys(cells, float("inf"))
         try:
             for r in range(rounds):

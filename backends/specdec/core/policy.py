@@ -22,7 +22,8 @@ and more lately prevails) plus the
 proposer's time, (fixed + per_level * depth) * (1 + row_share * (rows - 1)), fitted online by least
 squares over the median time per depth and row count of recent proposals (medians that disagree
 with that model lowered: `consistent`; the rows' share from them once two row counts were timed),
-started from proposals the engine times before serving (one row and a full batch). Model drafters keep the sequences the policy paused in sync
+started from proposals the engine times before serving (one row and a full batch), one such fit
+for proposals with a sampled drafting row and one for greedy ones (`CostModel.use_path`). Model drafters keep the sequences the policy paused in sync
 whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
 (`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause, and
 for a newcomer's prompt, the first proposal does catch up. That is not a sample of the proposal cost
@@ -34,9 +35,9 @@ maximize committed tokens per second over the batch: at high load, where verify 
 every extra token, k falls and the sequences that accept least stop drafting, down to none
 (speculation off for the batch). A sequence
 whose alpha collapses gets k = 0 on its own; its alpha then drifts back towards the engine-wide
-acceptance, so it is retried later. New sequences start at the engine-wide acceptance (acceptance
-is mostly a property of the proposer and the workload), so a well-measured proposer is not switched
-off for every newcomer (a probe narrowed to the best-accepting sequence is that sequence's evidence
+acceptance, so it is retried later. New sequences start at the engine-wide acceptance of their
+path, greedy or sampled (acceptance is mostly a property of the proposer and the workload), so a
+well-measured proposer is not switched off for every newcomer (a probe narrowed to the best-accepting sequence is that sequence's evidence
 only: it samples the best, not a newcomer's expectation). Seeded sampled requests keep their cap
 (the request's num_draft_tokens or the model's k): their random numbers are drawn per draft
 position, so only a fixed schedule makes a seed reproduce under load. Where the fitted model
@@ -76,7 +77,7 @@ ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide a
 # the engine-wide estimate predicted 6.4-9.0% too few accepted tokens per round (draft model, prompt
 # lookup, EAGLE; batch 1 and 8), each sequence's, drawn towards it, 1.4-5.5% too few; decaying
 # with the counts, -1.9% to +0.5% and +1.0% to -3.2%. The same decay also runs once per PROBE_EVERY
-# steps in which no sequence drafted (`age_engine`), down to PRIOR_TRIALS of evidence: while a batch is
+# steps in which no sequence drafted (`EngineWide.age`), down to PRIOR_TRIALS of evidence: while a batch is
 # paused only probes add rounds, one in hundreds or thousands of steps, and per round alone the counts
 # kept a hard stretch's acceptances for thousands of steps after it. In the policy's simulation of a
 # draft model at batch 1 (tests/test_policy.py, `draft_model_rate`), 400 steps accepting half as often
@@ -268,6 +269,8 @@ class CostModel:
     row_share: float = ROW_SHARE  # each drafting row past the first adds this share of a one-row proposal
     draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))  # (depth, rows, seconds at load 1)
     draft_seen: int = 0  # proposals timed so far
+    sampled_path: bool = False  # whether the proposal fit above is sampled proposals' (`use_path`) ...
+    other_path: tuple | None = None  # ... and the other path's, kept aside (None: not used yet)
     catch_up_per_entry: float = 0.0  # at load 1: a catch-up's cost past the proposal's, per entry fed
     catch_up_samples: deque = field(default_factory=lambda: deque(maxlen=CATCH_UP_SAMPLES))
     # at load 1: the server's cost outside the engine per row and step, of a batch plain and of one
@@ -342,6 +345,22 @@ class CostModel:
         if self.draft_seen > DRAFT_REFIT_FIRST and self.draft_seen % DRAFT_REFIT_EVERY:
             return
         self.refit_from_samples()
+
+    def use_path(self, sampled: bool) -> None:
+        """Make the proposal fit in use (`draft_fixed`, `draft_per_level`, `row_share` and their
+        samples) the one of proposals with a sampled drafting row, or of greedy ones. A greedy
+        batch's proposal is one native call; a sampled row draws each token from its q, which
+        rejection sampling needs, in the drafter's Python (the draft model at batch 1: fixed 96
+        and 38 us a level greedy; one fit over both paths read 135 and 129 after 8 sampled
+        requests, and greedy drafting, priced at that, stayed paused, 0.96x the baseline where
+        fixed k = 4 ran 1.13x). The other path's fit is kept aside; a path's first use starts
+        from the one in use, its samples its own."""
+        if sampled == self.sampled_path:
+            return
+        mine = (self.draft_fixed, self.draft_per_level, self.row_share, self.draft_samples, self.draft_seen)
+        other = self.other_path or (self.draft_fixed, self.draft_per_level, self.row_share, deque(maxlen=64), 0)
+        self.draft_fixed, self.draft_per_level, self.row_share, self.draft_samples, self.draft_seen = other
+        self.other_path, self.sampled_path = mine, sampled
 
     def start_proposals(self, timed: list[tuple[int, int, float]]) -> None:
         """Start the proposal fit from (rows, depth, seconds) timed before serving, in place of the
@@ -658,7 +677,7 @@ def estimate(accepted: float, rejected: float, prior: float, trials: float = PRI
 
 @dataclass
 class SlotState:
-    """The policy's knowledge of one running sequence (and, as `Policy.engine`, of all of them)."""
+    """The policy's knowledge of one running sequence (and, as `EngineWide.state`, of all of them)."""
 
     acceptance: float  # alpha: estimated acceptance of a draft's first token
     later: float  # beta: of each later token, the one before it accepted
@@ -666,6 +685,7 @@ class SlotState:
     rejected_n: float = 0.0
     later_accepted_n: float = 0.0  # beta's: accepted later tokens, and rejections among them
     later_rejected_n: float = 0.0
+    sampled: bool = False  # a sampled sequence's (its engine-wide prior is sampled sequences', `Policy.wide`)
 
     def decay(self, decay: float, rounds: int = 1) -> None:
         """Decay the evidence by `decay` once per round."""
@@ -686,6 +706,48 @@ class SlotState:
             if accepted and depth_drafted > 1:
                 self.later_accepted_n += accepted - 1
                 self.later_rejected_n += 0 if accepted >= depth_drafted else 1
+
+
+@dataclass
+class EngineWide:
+    """The acceptances of recent drafting rounds over all sequences of one path, greedy or sampled
+    (`Policy.wide`): a newcomer's start, and every sequence's prior. Decayed counts (ENGINE_DECAY
+    a round, and while nothing drafts once per PROBE_EVERY steps: `age`) with the start-up prior's
+    PRIOR_TRIALS at PRIOR_ALPHA fading with them."""
+
+    state: SlotState = field(default_factory=lambda: SlotState(PRIOR_ALPHA, PRIOR_ALPHA))
+    prior: float = PRIOR_TRIALS  # the weight of PRIOR_ALPHA in the estimates, decaying with the counts
+    drafted_at: int = 0  # the step of the latest round counted (`age`)
+
+    def count(self, depth_drafted: int, accepted: int) -> None:
+        """A drafting round of any sequence of this path."""
+        self.state.count(ENGINE_DECAY, depth_drafted, accepted)
+        self.estimate(ENGINE_DECAY)
+
+    def age(self, number: int) -> None:
+        """Before step `number`'s rounds: decay the evidence once per PROBE_EVERY steps since the
+        latest round beyond the next (ENGINE_DECAY, as a round would), keeping at least PRIOR_TRIALS
+        of it, so that evidence that old weighs what a probe's rounds weigh against it, and one
+        probe moves the estimate by about a third at most."""
+        idle = number - self.drafted_at - 1
+        self.drafted_at = number
+        if idle <= 0:
+            return
+        st = self.state
+        weight = st.accepted_n + st.rejected_n + self.prior
+        decay = max(ENGINE_DECAY ** (idle / PROBE_EVERY), min(PRIOR_TRIALS / weight, 1.0))
+        st.decay(decay)
+        self.estimate(decay)
+
+    def estimate(self, decay: float) -> None:
+        """The acceptances from their evidence, once its counts were decayed by `decay`: the
+        start-up prior fades with them."""
+        st = self.state
+        # floored: after ~9000 rounds it would underflow to 0, and beta's estimate, where no
+        # round drafted past one token, to 0 / 0
+        self.prior = max(self.prior * decay, 1e-3 * PRIOR_TRIALS)
+        st.acceptance = estimate(st.accepted_n, st.rejected_n, PRIOR_ALPHA, self.prior)
+        st.later = estimate(st.later_accepted_n, st.later_rejected_n, PRIOR_ALPHA, self.prior)
 
 
 @dataclass
@@ -738,9 +800,12 @@ class Policy:
         self.backlog = backlog or (lambda seq: 0)  # the proposer's: what a sequence's resume feeds first
         self.steady = self.depth_of[-1] + 1  # what a drafting sequence's proposal feeds: accepted + bonus
         self.cost: CostModel | None = None
-        self.engine = SlotState(PRIOR_ALPHA, PRIOR_ALPHA)  # engine-wide acceptances over recent rounds (ENGINE_DECAY)
-        self.engine_prior = PRIOR_TRIALS  # the weight of PRIOR_ALPHA in them, decaying with their counts
-        self.engine_drafted_at = 0  # the step of the latest engine-wide round (`age_engine`)
+        # engine-wide acceptances, of greedy sequences and of sampled ones (False, True): a greedy
+        # draft is accepted where it matches the target's argmax, a sampled one by rejection
+        # sampling (the draft model at batch 1: alpha 0.99 greedy, 0.75-0.8 sampled at temperature 1),
+        # and a paused greedy newcomer after sampled requests started at theirs
+        self.wide = {False: EngineWide(), True: EngineWide()}
+        self.sampled_seen = False  # a sampled sequence was admitted: until then every path is greedy, unasked
         self.steps = 0
         self.probe_gap = self.next_probe = PROBE_EVERY
         self.probes = 0
@@ -799,13 +864,14 @@ class Policy:
 
     @property
     def alpha(self) -> float:
-        """The engine-wide acceptance of a draft's first token: a newcomer's, and every sequence's prior."""
-        return self.engine.acceptance
+        """The engine-wide acceptance of a greedy draft's first token: a greedy newcomer's, and
+        every greedy sequence's prior (a sampled one's: `wide[True]`)."""
+        return self.wide[False].state.acceptance
 
     @property
     def beta(self) -> float:
         """The engine-wide acceptance of a later draft token, the one before it accepted."""
-        return self.engine.later
+        return self.wide[False].state.later
 
     def acceptance(self, seq: Sequence) -> float:
         return self.slots[seq.slot].acceptance
@@ -847,6 +913,8 @@ class Policy:
         # (steps are left unobserved only after this return or a drafting search's, below: a
         # follow-up or an anchor, above, follows a probe, which never coasts)
         self.observe_unobserved()
+        key = self.batch_key(seqs)
+        self.cost.use_path(key[1])
         caps = [self.cap(s) for s in seqs]
         states = [self.slots[slot] for slot in batch]
         alphas = [st.acceptance for st in states]
@@ -856,10 +924,10 @@ class Policy:
             k, drafting = 0, set()
         else:
             k, drafting = self.best(caps, alphas, betas, pinned, self.catch_up_charges(seqs, caps, alphas, betas))
-            if drafting and self.guard.vetoed(len(seqs), self.steps):
+            if drafting and self.guard.vetoed(key, self.steps):
                 k, drafting = 0, set()
             elif not drafting and self.best_drafting[2] >= DRAFTING_FLOOR and (
-                    self.guard.paid(len(seqs), self.steps) or self.guard.retrial_due(len(seqs), self.steps)):
+                    self.guard.paid(key, self.steps) or self.guard.retrial_due(key, self.steps)):
                 k, drafting = self.best_drafting[0], set(self.best_drafting[1])
             same = batch == self.kept_batch and not self.drafting_regime
             self.regime = self.drafting_regime = bool(drafting)
@@ -880,7 +948,7 @@ class Policy:
             if drafting and self.probes % 2 == 0:  # an anchor, unless plain steps came anyway
                 if self.cost.plain_lately(len(seqs), 2 * PROBE_EVERY):
                     return drafting_ks(caps, pinned, k, drafting)
-                long = self.guard.wants_plain(len(seqs), self.steps)
+                long = self.guard.wants_plain(key, self.steps)
                 self.anchor_left = GUARD_SETTLE + GUARD_ANCHOR_SAMPLES - 1 if long else PLAIN_SETTLE
                 self.anchoring = True
                 return drafting_ks(caps, pinned, 0, set())
@@ -901,6 +969,15 @@ class Policy:
             self.recheck_at, self.kept_batch, self.kept_ks = self.steps + DRAFTING_RECHECK, batch, ks.copy()
             self.coasting = True
         return ks
+
+    def batch_key(self, seqs: list[Sequence]) -> tuple[int, bool]:
+        """A batch's size, and whether any of its rows samples: the rate guard's key, and the path
+        its proposals are priced on (`CostModel.use_path`). A sampled row's step takes the target's
+        logits and rejection sampling, its proposal the drafter's Python (the draft model at batch
+        1: plain steps 0.45 against 0.28 ms, drafting steps 1.4 against 0.7); judged with the greedy
+        ones, greedy drafting that paid let sampled requests draft at a loss (`paid`), 935 of 4900
+        steps at 0.61 ms a token against 0.45 plain, where requests alternated greedy and sampled."""
+        return len(seqs), self.sampled_seen and not all(s.params.greedy for s in seqs)
 
     def catch_up_entries(self, backlog: int) -> int:
         """Of a drafter's backlog, the entries that are a catch-up: past what a drafting sequence's
@@ -1027,7 +1104,10 @@ class Policy:
         """A new sequence starts at the engine-wide acceptances."""
         self.coast_left = 0
         self.observe_unobserved()
-        self.slots[seq.slot] = SlotState(acceptance=self.alpha, later=self.beta)
+        sampled = not seq.params.greedy
+        self.sampled_seen |= sampled
+        wide = self.wide[sampled].state
+        self.slots[seq.slot] = SlotState(acceptance=wide.acceptance, later=wide.later, sampled=sampled)
 
     def release(self, slot: int) -> None:
         """Forget a finished sequence. The steps left unobserved stay so: a release comes within a
@@ -1112,15 +1192,16 @@ class Policy:
         # an anchor's plain rounds leave the sequences' evidence as it was: decayed at each of its
         # steps, a sequence drafting k = 4 came out of one estimating shorter drafts (k = 2 once)
         decay = 1.0 if self.anchoring else DECAY
-        if not step.plain and not self.best_only:
-            self.age_engine(number)
+        engine_wide = not self.best_only
         for s, depth, accepted in zip(step.seqs, step.depths, step.accepted):
             state = self.slots.get(s.slot)
             if state is None and s.slot in self.leaving:  # finished since this step, observed later
                 last, state = self.leaving[s.slot]
                 state = state if number <= last else None
             if state is not None:  # not finished in this step
-                self.observe_round(state, depth, accepted, decay, engine_wide=not self.best_only)
+                if depth and engine_wide:  # once a step and path: its rows' later calls find it aged
+                    self.wide[state.sampled].age(number)
+                self.observe_round(state, depth, accepted, decay, engine_wide)
 
     def observe_timing(self, number: int, step: StepRecord) -> None:
         """The step's time: the cost model's curve and load, and the guard's rates."""
@@ -1137,7 +1218,8 @@ class Policy:
         rows = len(step.seqs)
         settled = step.tokens == rows and self.cost.plain_run > GUARD_SETTLE
         if settled or self.regime:
-            self.guard.add(rows, number, rows + sum(step.accepted), step.proposal_seconds + step.step_seconds, not settled)
+            self.guard.add(self.batch_key(step.seqs), number, rows + sum(step.accepted),
+                           step.proposal_seconds + step.step_seconds, not settled)
 
     def observe_proposal(self, step: StepRecord) -> None:
         """A step that drafted: what its probe cost, a search due, and the proposal's time."""
@@ -1161,6 +1243,8 @@ class Policy:
             self.recheck_at, self.kept_batch = 0, []  # moves costs and acceptances: search again
             self.coast_left = 0
         seconds = step.proposal_seconds
+        if self.sampled_seen and self.cost is not None:
+            self.cost.use_path(not all(s.params.greedy for s, k in zip(step.seqs, step.ks) if k > 0))
         if self.regime:  # its search's time lands on one step in DRAFTING_RECHECK: spread
             self.drafting_policy += POLICY_RATE * (step.policy_seconds - self.drafting_policy)
             seconds = step.propose_seconds + self.drafting_policy
@@ -1180,39 +1264,14 @@ class Policy:
         `tools.acceptance_fit`'s replays."""
         state.count(decay, depth_drafted, accepted)
         if depth_drafted > 0 and engine_wide:
-            self.engine.count(ENGINE_DECAY, depth_drafted, accepted)
-            self.estimate_engine(ENGINE_DECAY)
+            self.wide[state.sampled].count(depth_drafted, accepted)
         self.estimate_own(state)
 
-    def age_engine(self, number: int) -> None:
-        """Before step `number`'s engine-wide rounds: decay the engine-wide evidence once per
-        PROBE_EVERY steps since the latest such round beyond the next (ENGINE_DECAY, as a round
-        would), keeping at least PRIOR_TRIALS of it, so that evidence that old weighs what a probe's
-        rounds weigh against it, and one probe moves the estimate by a third at most."""
-        idle = number - self.engine_drafted_at - 1
-        self.engine_drafted_at = number
-        if idle <= 0:
-            return
-        engine = self.engine
-        weight = engine.accepted_n + engine.rejected_n + self.engine_prior
-        decay = max(ENGINE_DECAY ** (idle / PROBE_EVERY), min(PRIOR_TRIALS / weight, 1.0))
-        engine.decay(decay)
-        self.estimate_engine(decay)
-
-    def estimate_engine(self, decay: float) -> None:
-        """The engine-wide acceptances from their evidence, once its counts were decayed by
-        `decay`: the start-up prior fades with them."""
-        engine = self.engine
-        # floored: after ~9000 rounds it would underflow to 0, and beta's estimate, where no
-        # round drafted past one token, to 0 / 0
-        self.engine_prior = max(self.engine_prior * decay, 1e-3 * PRIOR_TRIALS)
-        engine.acceptance = estimate(engine.accepted_n, engine.rejected_n, PRIOR_ALPHA, self.engine_prior)
-        engine.later = estimate(engine.later_accepted_n, engine.later_rejected_n, PRIOR_ALPHA, self.engine_prior)
-
     def estimate_own(self, state: SlotState) -> None:
-        """A sequence's acceptances from its evidence, drawn towards the engine-wide ones."""
-        state.acceptance = estimate(state.accepted_n, state.rejected_n, self.alpha)
-        state.later = estimate(state.later_accepted_n, state.later_rejected_n, self.beta)
+        """A sequence's acceptances from its evidence, drawn towards the engine-wide ones of its path."""
+        wide = self.wide[state.sampled].state
+        state.acceptance = estimate(state.accepted_n, state.rejected_n, wide.acceptance)
+        state.later = estimate(state.later_accepted_n, state.later_rejected_n, wide.later)
 
     def observe_draft_time(self, seconds: float, depth: int, backlogs: list[int] = (), rows: int = 1) -> None:
         """A proposal's time for `rows` drafting sequences; `backlogs`: what its drafter fed first

@@ -5,17 +5,18 @@ catch-ups, the server's output) and the acceptances. Wherever that model is wron
 favour, the policy drafts at a loss and nothing it measures says so: served at 4 and 16 users
 (`make demo`, 2 cores), adaptive EAGLE drafted nearly every step at 0.82-0.84x of the baseline's
 tokens/s while its model rated drafting 1.23x the plain rate; the served throughput of every
-method tracked its engine time per committed token. So the guard keeps, per batch size, the
+method tracked its engine time per committed token. So the guard keeps, per batch size and path
+(greedy, or with a sampled row: `Policy.batch_key`), the
 committed tokens and engine seconds (proposal, the policy's own time, step:
 `StepRecord.proposal_seconds`) of the recent steps of each regime:
 drafting (every step the policy drafted by its own choice, with the catch-ups of newcomers and
 resumes, the probes and anchors' first plain steps that drafting brings) and plain (plain steps
 settled after `policy.GUARD_SETTLE` others: a paused batch's, and the last of a long anchor's,
 which is where a drafting batch times them, `wants_plain`). When drafting's rate falls below
-GUARD_RATIO of the plain rate over the same window, drafting is vetoed for that batch size for
+GUARD_RATIO of the plain rate over the same window, drafting is vetoed for that batch for
 GUARD_HOLD steps, doubling with every veto that follows a re-trial (up to GUARD_HOLD_MAX); a
 re-trial that realizes at least the plain rate resets the hold. Where drafting had been judged at
-the plain rate or above since the previous veto, the batch size owes a re-trial of
+the plain rate or above since the previous veto, the batch owes a re-trial of
 PAID_MIN_DRAFTED drafting steps once the hold ends (`retrial_due`): the policy drafts its best
 drafting pick where its model rates that at least `policy.DRAFTING_FLOOR` of plain, and drafts on
 so where they paid (`paid`). The policy's model still decides where drafting looks best, the k
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Hashable
 
 GUARD_WINDOW = 512  # steps: each regime's samples within the last this many (the policy's step count).
 # A drafting batch times a settled plain step once in 2 * PROBE_EVERY steps (its anchors): 512
@@ -75,7 +77,7 @@ class Window:
 
 @dataclass
 class BatchRates:
-    """One batch size's two regimes and its veto."""
+    """One batch's two regimes and its veto."""
 
     drafting: Window = field(default_factory=Window)
     plain: Window = field(default_factory=Window)
@@ -87,26 +89,27 @@ class BatchRates:
 
 
 class RateGuard:
-    """Per batch size, vetoes drafting while its realized rate trails the plain rate."""
+    """Per batch (`Policy.batch_key`: its size, and whether a row samples), vetoes drafting while
+    its realized rate trails the plain rate."""
 
     def __init__(self) -> None:
-        self.batches: dict[int, BatchRates] = {}
-        self.vetoes = 0  # every batch size's, since start (`specdec:drafting_vetoes`)
+        self.batches: dict[Hashable, BatchRates] = {}  # by the policy's key: a batch's size and path
+        self.vetoes = 0  # every batch's, since start (`specdec:drafting_vetoes`)
 
-    def wants_plain(self, rows: int, step: int) -> bool:
-        """Are there fewer than GUARD_MIN_PLAIN settled plain steps of `rows` in the window? Then
+    def wants_plain(self, batch: Hashable, step: int) -> bool:
+        """Are there fewer than GUARD_MIN_PLAIN settled plain steps of `batch` in the window? Then
         a drafting batch's next anchor runs long enough to add some (`policy.GUARD_SETTLE`)."""
-        rates = self.batches.get(rows)
+        rates = self.batches.get(batch)
         if rates is None:
             return True
         rates.plain.trim(step - GUARD_WINDOW)
         return len(rates.plain) < GUARD_MIN_PLAIN
 
-    def paid(self, rows: int, step: int) -> bool:
-        """Did drafting `rows` (at least PAID_MIN_DRAFTED steps within the window, since its last
+    def paid(self, batch: Hashable, step: int) -> bool:
+        """Did drafting `batch` (at least PAID_MIN_DRAFTED steps within the window, since its last
         veto) realize at least the plain rate of the window (at least GUARD_MIN_PLAIN steps)? A
         drafting spell older than the window says nothing of the load now."""
-        rates = self.batches.get(rows)
+        rates = self.batches.get(batch)
         if rates is None:
             return False
         rates.drafting.trim(step - GUARD_WINDOW)
@@ -114,12 +117,12 @@ class RateGuard:
         return (len(rates.drafting) >= PAID_MIN_DRAFTED and len(rates.plain) >= GUARD_MIN_PLAIN
                 and rates.drafting.rate() >= rates.plain.rate())
 
-    def vetoed(self, rows: int, step: int) -> bool:
-        rates = self.batches.get(rows)
+    def vetoed(self, batch: Hashable, step: int) -> bool:
+        rates = self.batches.get(batch)
         return rates is not None and step < rates.until
 
-    def retrial_due(self, rows: int, step: int) -> bool:
-        """Has a veto's hold on `rows` ended, with fewer than PAID_MIN_DRAFTED drafting steps
+    def retrial_due(self, batch: Hashable, step: int) -> bool:
+        """Has a veto's hold on `batch` ended, with fewer than PAID_MIN_DRAFTED drafting steps
         since, where drafting had been judged at the plain rate or above between that veto and
         the one before? Then the policy drafts those steps where its model rates drafting at least
         `policy.DRAFTING_FLOOR` of plain, and `paid` judges them. A veto comes after
@@ -135,15 +138,15 @@ class RateGuard:
         Where drafting loses (a simulation at batch 1 accepting 0.7 and 0.8, `test_policy`) no
         re-trial is owed (0.979x the plain rate with and without; owed after every veto, 0.977x;
         lasting until the full judgment, 64 steps, 0.965x)."""
-        rates = self.batches.get(rows)
+        rates = self.batches.get(batch)
         return rates is not None and rates.retrial_left > 0 and step >= rates.until
 
-    def add(self, rows: int, step: int, tokens: int, seconds: float, drafting: bool) -> None:
-        """A step of `rows` sequences that committed `tokens` in `seconds`: drafting's, or a
+    def add(self, batch: Hashable, step: int, tokens: int, seconds: float, drafting: bool) -> None:
+        """A step of `batch` that committed `tokens` in `seconds`: drafting's, or a
         settled plain one. After a drafting step, the regimes are compared."""
-        rates = self.batches.get(rows)
+        rates = self.batches.get(batch)
         if rates is None:
-            rates = self.batches[rows] = BatchRates()
+            rates = self.batches[batch] = BatchRates()
         oldest = step - GUARD_WINDOW
         window = rates.drafting if drafting else rates.plain
         window.add(step, tokens, seconds)

@@ -7,6 +7,7 @@
     python -m specdec.tools.forward_ab --rev 990f673~1 --method draft --batch 8 --in-flight 16 --max-tokens 64 --prompts 32
     python -m specdec.tools.forward_ab --eager --method draft --batch 8
     python -m specdec.tools.forward_ab --rev HEAD --method draft --policy adaptive --engines 4 --rounds 12
+    python -m specdec.tools.forward_ab --rev 0a27ed4 --method draft --policy adaptive --engines 2 --sampled-first 1.0
 
 `--eager` compares this checkout with itself, its decoder layers eager (`SPECDEC_NATIVE=0`) on the
 A side: what the native decoder gains on this machine.
@@ -20,6 +21,8 @@ greedy tokens by default, taken `--batch` at a time, a round's time their sum; f
 a served engine sees them; `--prompts 32`, the load test's prompts, up to 165 tokens where the
 first 8 stop at 102) for `--method`, so each ratio compares runs made moments apart. Both must
 pick the same tokens, or the comparison stops (greedy output does not depend on the policy).
+`--sampled-first T` shifts the traffic under adaptive engines: each turn's prompts run sampled at
+temperature T (unseeded) before they run greedy, each phase timed and reported on its own.
 """
 
 from __future__ import annotations
@@ -123,8 +126,8 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     prompts = heldout_prompts(args.prompts, args.band)
     requests = repeated(prompts)  # with --in-flight
 
-    def run(engine, params, chunk: list[str]) -> list[list[int]]:
-        p = params(max_tokens=args.max_tokens, ignore_eos=True)
+    def run(engine, params, chunk: list[str], temperature: float = 0.0) -> list[list[int]]:
+        p = params(max_tokens=args.max_tokens, ignore_eos=True, temperature=temperature)
         if args.in_flight:
             return [r.token_ids for r in arrivals(engine, p, chunk, args.in_flight)]
         return [r.token_ids for r in engine.generate(chunk, p)]
@@ -135,29 +138,36 @@ def engines_ab(package: str | None, args: argparse.Namespace) -> None:
     if len({str(run(e, P, whole)) for e, P in engines.values()}) > 1:
         raise SystemExit(f"{args.method}: the two engines' greedy outputs differ")
     # a round runs every engine on each turn's prompts (`bench.turns`) before any runs the next,
-    # in alternating order (`time_pairs`: each call is one turn, every engine's next chunk)
-    chunks = [[whole[i] for i in turn] for turn in turns(len(whole), args.batch, args.in_flight)]
+    # in alternating order (`time_pairs`: each call is one turn, every engine's next chunk); with
+    # --sampled-first, each turn twice: sampled, then greedy
+    temperatures = [args.sampled_first, 0.0] if args.sampled_first else [0.0]
+    chunks = [([whole[i] for i in turn], t) for turn in turns(len(whole), args.batch, args.in_flight) for t in temperatures]
 
     def turn_by_turn(engine, params) -> Callable[[], object]:
         chunk = itertools.cycle(chunks)
-        return lambda: run(engine, params, next(chunk))
+        return lambda: run(engine, params, *next(chunk))
 
     calls = time_pairs({k: turn_by_turn(*ep) for k, ep in engines.items()}, args.rounds * len(chunks))
     n = len(chunks)
-    times = {k: [sum(t[r * n : (r + 1) * n]) for r in range(args.rounds)] for k, t in calls.items()}
-    # a round's time per side: its engines' runs summed (an adaptive engine's state carries from one
-    # run to the next, and one engine may stay paused through a run where another drafts)
-    sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)]
-             for side in (args.rev, "this checkout")}
-    ratios = sorted(a / b for a, b in zip(*sides.values()))
-    interval = ratio_interval(ratios)
-    load = (f"{len(requests)} x {args.max_tokens} greedy tokens, {args.in_flight} in flight" if args.in_flight
-            else f"{len(prompts)} x {args.max_tokens} greedy tokens") + f" ({args.band} prompts)"
-    print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.engines} engine(s) a side, "
-          f"{args.rounds} alternating rounds of {load}: {args.rev} {statistics.median(sides[args.rev]):.2f} s, this checkout "
-          f"{statistics.median(sides['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
-          f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}"
-          + (f", 90% interval [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "") + "); identical outputs")
+    shift = f", each turn after its prompts sampled at temperature {args.sampled_first:g}" if args.sampled_first else ""
+    for phase, temperature in enumerate(temperatures):  # the greedy phase last
+        # a round's time per side: its engines' runs summed (an adaptive engine's state carries from
+        # one run to the next, and one engine may stay paused through a run where another drafts)
+        times = {k: [sum(t[r * n + phase : (r + 1) * n : len(temperatures)]) for r in range(args.rounds)]
+                 for k, t in calls.items()}
+        sides = {side: [sum(times[side, i][r] for i in range(args.engines)) for r in range(args.rounds)]
+                 for side in (args.rev, "this checkout")}
+        ratios = sorted(a / b for a, b in zip(*sides.values()))
+        interval = ratio_interval(ratios)
+        tokens = f"sampled tokens at temperature {temperature:g}" if temperature else "greedy tokens"
+        load = (f"{len(requests)} x {args.max_tokens} {tokens}, {args.in_flight} in flight" if args.in_flight
+                else f"{len(prompts)} x {args.max_tokens} {tokens}") + f" ({args.band} prompts)" + ("" if temperature else shift)
+        print(f"{args.method}, batch {args.batch}, {args.policy} policy, {args.threads} thread(s), {args.engines} engine(s) a side, "
+              f"{args.rounds} alternating rounds of {load}: {args.rev} {statistics.median(sides[args.rev]):.2f} s, this checkout "
+              f"{statistics.median(sides['this checkout']):.2f} s; speedup median {statistics.median(ratios):.2f}x "
+              f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}"
+              + (f", 90% interval [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+              + ("" if temperature else "); identical outputs") + (")" if temperature else ""))
 
 
 def forwards_ab(package: str, args: argparse.Namespace) -> None:
@@ -218,9 +228,14 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"--method: keep this many requests in flight over at least {ARRIVALS} (the prompts "
                          "repeated), each finished one submitting the next, the first ones' lengths staggered "
                          "(`tools.arrivals`; default: 0, all prompts at once)")
+    ap.add_argument("--sampled-first", type=float, default=0.0, metavar="TEMPERATURE",
+                    help="--method: run each turn's prompts sampled at this temperature (unseeded) before they run "
+                         "greedy, each phase timed apart: traffic that shifts under adaptive engines (default: 0, none)")
     args = ap.parse_args(argv)
     if bool(args.rev) == args.eager or (args.eager and not args.method):
         ap.error("give --rev REV, or --eager with --method")
+    if args.sampled_first < 0 or args.sampled_first != args.sampled_first:
+        ap.error(f"--sampled-first must be a temperature >= 0, got {args.sampled_first}")
     torch.set_num_threads(args.threads)
     native.set_threads(args.threads)  # this checkout's native pool; an earlier one's follows its own rules
     if args.eager:
