@@ -102,4 +102,13 @@ def probs(logits: Tensor, params: SamplingParams) -> Tensor:
 
 
 def sample(p: Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=generator).item())
+    """One draw from `p` (weights over the vocabulary, [V], normalized or not): its cumulative sum
+    inverted at one uniform from `generator`. `torch.multinomial` took ~80 us a draw over the demo
+    kit's 2048 tokens, this ~16: a sampled step draws once a row, and once more per draft token a
+    sampled drafter proposes (the draft model at batch 1, k = 4: 1328 draws, 0.13 s of a 0.95 s
+    run). A token of weight 0 is never drawn (the first index whose sum exceeds the uniform)."""
+    cumulative = torch.cumsum(p, 0)
+    u = torch.rand((), generator=generator, dtype=cumulative.dtype) * cumulative[-1]
+    i = int(torch.searchsorted(cumulative, u, right=True))
+    # u < the total but for rounding, where the last token of nonzero weight is the one
+    return i if i < len(cumulative) else int(torch.nonzero(p)[-1])
