@@ -158,6 +158,28 @@ def test_a_greedy_step_in_one_call_equals_the_forward_head_and_argmax(wide_vocab
     assert torch.equal(one_call.k, cache.k) and torch.equal(one_call.v, cache.v)
 
 
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_a_logits_step_in_one_call_equals_the_forward_and_head(wide_vocab_target, case):
+    """Bit for bit: `logits_step` (a step whose rows sample) gives the hidden states, cache
+    entries and logits of `forward` then `logits` over the real tokens ([B, T, V], or [real
+    tokens, V] for padded rows, as the engine's eager path returns them)."""
+    model = load_model(wide_vocab_target)
+    T, offsets, mask, lengths = STEP_CASES[case]
+    tokens = torch.tensor([[7, 11, 13, 17][:T], [19, 23, 29, 31][:T]])
+    positions = torch.tensor([[n + o for o in offsets] for n in PREFIX])
+    masks = None if mask is None else mask.expand(2, -1, -1)
+    with torch.no_grad():
+        cache = prefilled(model, [0, 1])
+        hidden = model(tokens, positions, cache, [0, 1], PREFIX, masks, lengths)
+        real = torch.arange(T) < torch.tensor(lengths)[:, None] if lengths else None
+        logits = model.logits(hidden if real is None else hidden[real])
+        one_call = prefilled(model, [0, 1])
+        h, native = model.logits_step(tokens.flatten().tolist(), positions.flatten().tolist(), 2, T, one_call, [0, 1],
+                                      PREFIX, masks, lengths)
+    assert torch.equal(h, hidden) and native.shape == logits.shape and torch.equal(native, logits)
+    assert torch.equal(one_call.k, cache.k) and torch.equal(one_call.v, cache.v)
+
 def test_a_greedy_step_without_a_native_head_is_left_to_the_caller(tiny_target):
     """A vocabulary the native head does not take (300: not a multiple of 16) has no one-call step."""
     model = load_model(tiny_target)

@@ -328,8 +328,9 @@ class Engine:
         if one_call is not None:
             hidden, argmax = one_call
             logits = None
-        else:
-            hidden, logits = self._forward(tokens, positions, B, T, slots, starts, masks, lengths)
+        else:  # rows that sample (or owe min_tokens) read the logits: one native call where it runs
+            hidden, logits = (self.target.logits_step(tokens, positions, B, T, self.cache, slots, starts, masks, lengths)
+                              or self._forward(tokens, positions, B, T, slots, starts, masks, lengths))
         t3 = time.perf_counter()
         self._lap("forward")
         m = self.metrics

@@ -345,6 +345,17 @@ class LlamaForCausalLM(nn.Module):
             return None
         return self.native_step.greedy_step(tokens, positions, B, T, self.rope, cache, slots, starts, tree_mask, lengths)
 
+    def logits_step(
+        self, tokens: list[int], positions: list[int], B: int, T: int, cache: KVCache, slots: list[int],
+        starts: list[int], tree_mask: Tensor | None = None, lengths: list[int] | None = None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """`greedy_step` for a step whose rows sample: (hidden states, the real tokens' logits:
+        [B, T, V], or [real tokens, V] where rows are padded), the same as `forward` then
+        `logits(...)` gives. None where the step cannot run natively."""
+        if self.native_step is None:
+            return None
+        return self.native_step.logits_step(tokens, positions, B, T, self.rope, cache, slots, starts, tree_mask, lengths)
+
     def prepare_inference(self) -> None:
         """Fused, packed projections and output head (`linear.InferenceLinear`); training keeps the
         modules' own `nn.Linear`s."""

@@ -965,46 +965,86 @@ int specdec_greedy_draft(
     return rc;
 }
 
-/* A target's greedy step in one call: each real token's embedding (`tokens` [B, T], right-padded,
- * lengths[b] real in row b, or NULL: all T), the decoder forward as `specdec_decoder_forward`
- * (causal, or under tree_mask [B, T, W]) into x [B, T, H] (padding zero), then the output head
- * and argmax of every real token, in row order, into out. Its matmuls, forward and argmax are
- * the ones the engine's step ran through torch and `specdec_matmul`, so hidden states and tokens
- * are the same bit for bit; what goes is the Python and the operator calls around them (the
- * embedding, the head's call, argmax, the input tensors: ~0.1 ms of a ~0.4 ms plain step of the
- * demo kit's target at batch 1, most of it in caches the forward had just evicted). */
-int specdec_greedy_step(
-    const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
-    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
-    int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
-    const uint8_t *tree_mask, int64_t W, float *x, int64_t *out
-) {
-    const int64_t H = d->hidden, V = c->vocab;
-    if (V % 16 || c->fc) return -1;
+/* The real tokens of a [B, T] batch (lengths[b] real in row b, or NULL: all T); -1 where a
+ * length is out of range. */
+static int64_t real_tokens(int64_t B, int64_t T, const int64_t *lengths) {
     int64_t R = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t n = lengths ? lengths[b] : T;
         if (n < 0 || n > T) return -1;
+        R += n;
+    }
+    return R;
+}
+
+/* A target's step in one call: each real token's embedding (`tokens` [B, T], right-padded,
+ * lengths[b] real in row b, or NULL: all T), the decoder forward as `specdec_decoder_forward`
+ * (causal, or under tree_mask [B, T, W]) into x [B, T, H] (padding zero), then the output head
+ * of every real token, in row order, into logits [R, V]. Its matmuls and forward are the ones the
+ * engine's step ran through torch and `specdec_matmul`, so hidden states and logits are the same
+ * bit for bit; what goes is the Python and the operator calls around them (the embedding, the
+ * head's call, the input tensors: ~0.1 ms of a ~0.4 ms plain step of the demo kit's target at
+ * batch 1, most of it in caches the forward had just evicted). */
+static int step_logits(
+    const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
+    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
+    int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
+    const uint8_t *tree_mask, int64_t W, float *x, int64_t R, float *logits
+) {
+    const int64_t H = d->hidden, V = c->vocab;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = lengths ? lengths[b] : T;
         for (int64_t i = 0; i < n; i++) {
             int64_t tok = tokens[b * T + i];
             if (tok < 0 || tok >= V) return -3;
             memcpy(x + (b * T + i) * H, c->embed + tok * H, H * sizeof(float));
         }
-        R += n;
     }
     int rc = specdec_decoder_forward(d, x, B, T, positions, cos, sin, k_cache, v_cache, layer_stride,
                                      slot_stride, slots, starts, lengths, tree_mask, W);
     if (rc) return rc;
-    float *buf = malloc(sizeof(float) * (R * H + R * V));
-    if (!buf) return -2;
-    float *h = buf, *logits = buf + R * H;
+    float *h = malloc(sizeof(float) * R * H);
+    if (!h) return -2;
     for (int64_t b = 0, n = 0; b < B; b++) {  /* the real tokens' outputs, in order */
         int64_t m = lengths ? lengths[b] : T;
         memcpy(h + n * H, x + b * T * H, m * H * sizeof(float));
         n += m;
     }
     matmul_any(c->head_f16, h, R, H, c->head, NULL, V, logits);
-    for (int64_t n = 0; n < R; n++) out[n] = argmax_row(logits + n * V, V, NULL, 0, 0);
-    free(buf);
+    free(h);
     return 0;
+}
+
+/* `step_logits`, then the argmax of every real token's logits, in row order, into out: a greedy
+ * step's whole target side. */
+int specdec_greedy_step(
+    const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
+    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
+    int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
+    const uint8_t *tree_mask, int64_t W, float *x, int64_t *out
+) {
+    const int64_t V = c->vocab, R = real_tokens(B, T, lengths);
+    if (V % 16 || c->fc || R < 0) return -1;
+    float *logits = malloc(sizeof(float) * R * V);
+    if (!logits) return -2;
+    int rc = step_logits(d, c, B, T, tokens, positions, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
+                         slots, starts, lengths, tree_mask, W, x, R, logits);
+    if (!rc)
+        for (int64_t n = 0; n < R; n++) out[n] = argmax_row(logits + n * V, V, NULL, 0, 0);
+    free(logits);
+    return rc;
+}
+
+/* `step_logits` for a step whose rows sample: the logits [R, V] go to the caller, which applies
+ * each row's transform (temperature, top-k, top-p, min_tokens) and draws or accepts from them. */
+int specdec_logits_step(
+    const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
+    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
+    int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
+    const uint8_t *tree_mask, int64_t W, float *x, float *logits
+) {
+    const int64_t V = c->vocab, R = real_tokens(B, T, lengths);
+    if (V % 16 || c->fc || R < 0) return -1;
+    return step_logits(d, c, B, T, tokens, positions, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
+                       slots, starts, lengths, tree_mask, W, x, R, logits);
 }
