@@ -381,7 +381,8 @@ class Engine:
     def _forward(self, tokens: list[int], positions: list[int], B: int, T: int, slots: list[int], starts: list[int],
                  masks: Tensor | None, lengths: list[int] | None) -> tuple[Tensor, Tensor]:
         """The target's forward and logits for a step whose rows need logits (sampled, or owing
-        min_tokens) or that does not run natively: hidden [B, T, H] and logits [B, T, V], or
+        min_tokens) where it does not run natively (`logits_step` takes the others, in one call):
+        hidden [B, T, H] and logits [B, T, V], or
         [real tokens, V] for a padded batch; flattened, row b's are begins[b]:ends[b] in both. A
         padded batch's logits were scattered into a zeroed [B, T, V]: with one 2-token row among
         8 plain ones the head and argmax took 125 us against 71 us for 8 plain rows (90 us now), a
