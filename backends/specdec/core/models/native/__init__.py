@@ -122,9 +122,8 @@ def library() -> ctypes.CDLL | None:
         matmul.argtypes = [p, i64, i64, p, p, i64, p]
     lib.specdec_greedy_draft.restype = ctypes.c_int
     lib.specdec_greedy_draft.argtypes = [p, p, i64, i64, p, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
-    for step in (lib.specdec_greedy_step, lib.specdec_logits_step):
-        step.restype = ctypes.c_int
-        step.argtypes = [p, p, i64, i64, p, p, p, p, p, p, i64, i64, p, p, p, p, i64, p, p]
+    lib.specdec_target_step.restype = ctypes.c_int
+    lib.specdec_target_step.argtypes = [p, p, i64, i64, p, p, p, p, p, p, i64, i64, p, p, p, p, i64, p, p, p]
     lib.specdec_set_threads.restype = ctypes.c_int
     lib.specdec_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -314,7 +313,7 @@ class NativeChain:
         the forward is not native (`runs_natively`, a cache not float32)."""
         real = B * T if lengths is None else sum(lengths)
         out = (ctypes.c_int64 * real)()
-        x = self.step("specdec_greedy_step", out, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
+        x = self.step(None, out, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
         return None if x is None else (x, list(out))
 
     def logits_step(self, tokens: list[int], positions: list[int], B: int, T: int, rope: "RopeTable",
@@ -326,15 +325,15 @@ class NativeChain:
         None where the forward is not native."""
         real = B * T if lengths is None else sum(lengths)
         logits = torch.empty(real, self.chain.vocab)
-        x = self.step("specdec_logits_step", ctypes.c_void_p(logits.data_ptr()), tokens, positions, B, T, rope, cache,
-                      slots, starts, tree_mask, lengths)
+        x = self.step(logits, None, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
         return None if x is None else (x, logits if lengths is not None else logits.view(B, T, -1))
 
-    def step(self, function: str, out, tokens: list[int], positions: list[int], B: int, T: int, rope: "RopeTable",
-             cache: "KVCache", slots: list[int], starts: list[int], tree_mask: Tensor | None,
+    def step(self, logits: Tensor | None, out, tokens: list[int], positions: list[int], B: int, T: int,
+             rope: "RopeTable", cache: "KVCache", slots: list[int], starts: list[int], tree_mask: Tensor | None,
              lengths: list[int] | None) -> Tensor | None:
-        """Run a target's step (`function`: `specdec_greedy_step` or `specdec_logits_step`, writing
-        to `out`); its hidden states [B, T, H], or None where the forward is not native."""
+        """Run a target's step (`specdec_target_step`) writing the real tokens' logits to `logits`
+        and/or their argmax to `out` (a ctypes array; None: not asked); its hidden states
+        [B, T, H], or None where the forward is not native."""
         real = B * T if lengths is None else sum(lengths)
         if not runs_natively(real, T if lengths is None else max(lengths)) or cache.k.dtype != torch.float32:
             return None
@@ -345,13 +344,13 @@ class NativeChain:
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
         i64 = ctypes.c_int64 * B
         k, v = cache.k, cache.v
-        rc = getattr(d.lib, function)(
+        rc = d.lib.specdec_target_step(
             d.decoder_ptr, self.chain_ptr, B, T, (ctypes.c_int64 * (B * T))(*tokens),
             (ctypes.c_int64 * (B * T))(*positions), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
             k.stride(0), k.stride(1), i64(*slots), i64(*starts), None if lengths is None else i64(*lengths),
-            None if mask is None else mask.data_ptr(), W, x.data_ptr(), out)
+            None if mask is None else mask.data_ptr(), W, x.data_ptr(), None if logits is None else logits.data_ptr(), out)
         if rc != 0:
-            raise RuntimeError(f"native {function} failed with code {rc}")
+            raise RuntimeError(f"native target step failed with code {rc}")
         return x
 
     def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],

@@ -1015,36 +1015,23 @@ static int step_logits(
     return 0;
 }
 
-/* `step_logits`, then the argmax of every real token's logits, in row order, into out: a greedy
- * step's whole target side. */
-int specdec_greedy_step(
+/* A target's whole step, `step_logits`: the logits [R, V] into `logits` (a step whose rows
+ * sample: the caller applies each row's transform and draws or accepts from them), and/or their
+ * argmax, in row order, into `out` (a greedy step; NULL: none). NULL logits: kept here. */
+int specdec_target_step(
     const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
     const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
     int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
-    const uint8_t *tree_mask, int64_t W, float *x, int64_t *out
+    const uint8_t *tree_mask, int64_t W, float *x, float *logits, int64_t *out
 ) {
     const int64_t V = c->vocab, R = real_tokens(B, T, lengths);
     if (V % 16 || c->fc || R < 0) return -1;
-    float *logits = malloc(sizeof(float) * R * V);
-    if (!logits) return -2;
+    float *buf = logits ? logits : malloc(sizeof(float) * R * V);
+    if (!buf) return -2;
     int rc = step_logits(d, c, B, T, tokens, positions, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
-                         slots, starts, lengths, tree_mask, W, x, R, logits);
-    if (!rc)
-        for (int64_t n = 0; n < R; n++) out[n] = argmax_row(logits + n * V, V, NULL, 0, 0);
-    free(logits);
+                         slots, starts, lengths, tree_mask, W, x, R, buf);
+    if (!rc && out)
+        for (int64_t n = 0; n < R; n++) out[n] = argmax_row(buf + n * V, V, NULL, 0, 0);
+    if (!logits) free(buf);
     return rc;
-}
-
-/* `step_logits` for a step whose rows sample: the logits [R, V] go to the caller, which applies
- * each row's transform (temperature, top-k, top-p, min_tokens) and draws or accepts from them. */
-int specdec_logits_step(
-    const Decoder *d, const Chain *c, int64_t B, int64_t T, const int64_t *tokens, const int64_t *positions,
-    const float *cos, const float *sin, float *k_cache, float *v_cache, int64_t layer_stride,
-    int64_t slot_stride, const int64_t *slots, const int64_t *starts, const int64_t *lengths,
-    const uint8_t *tree_mask, int64_t W, float *x, float *logits
-) {
-    const int64_t V = c->vocab, R = real_tokens(B, T, lengths);
-    if (V % 16 || c->fc || R < 0) return -1;
-    return step_logits(d, c, B, T, tokens, positions, cos, sin, k_cache, v_cache, layer_stride, slot_stride,
-                       slots, starts, lengths, tree_mask, W, x, R, logits);
 }
