@@ -23,8 +23,8 @@ proposer's time, (fixed + per_level * depth) * (1 + row_share * (rows - 1)), fit
 squares over the median time per depth and row count of recent proposals (medians that disagree
 with that model lowered: `consistent`; the rows' share from them once two row counts were timed),
 started from proposals the engine times before serving (one row and a full batch), one such fit
-for proposals with a sampled drafting row and one for greedy ones (`CostModel.use_path`). Model drafters keep the sequences the policy paused in sync
-whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
+for proposals with a sampled drafting row and one for greedy ones (`CostModel.use_path`). Model
+drafters keep the sequences the policy paused in sync whenever they run (in the same batched catch-up forward) while a sequence's backlog is short
 (`proposers.base.catch_up_rows`), so it resumes without feeding its pause; after a longer pause, and
 for a newcomer's prompt, the first proposal does catch up. That is not a sample of the proposal cost
 (counting it made every pause longer than the last): it is fitted on its own, as seconds per
@@ -37,8 +37,9 @@ every extra token, k falls and the sequences that accept least stop drafting, do
 whose alpha collapses gets k = 0 on its own; its alpha then drifts back towards the engine-wide
 acceptance, so it is retried later. New sequences start at the engine-wide acceptance of their
 path, greedy or sampled (acceptance is mostly a property of the proposer and the workload), so a
-well-measured proposer is not switched off for every newcomer (a probe narrowed to the best-accepting sequence is that sequence's evidence
-only: it samples the best, not a newcomer's expectation). Seeded sampled requests keep their cap
+well-measured proposer is not switched off for every newcomer (a probe narrowed to the
+best-accepting sequence is that sequence's evidence only: it samples the best, not a newcomer's
+expectation). Seeded sampled requests keep their cap
 (the request's num_draft_tokens or the model's k): their random numbers are drawn per draft
 position, so only a fixed schedule makes a seed reproduce under load. Where the fitted model
 rates drafting above what it realizes, `rate_guard.RateGuard` vetoes it from timed steps alone.
@@ -76,15 +77,16 @@ ENGINE_DECAY = 0.925  # per drafting round of any sequence, on the engine-wide a
 # weight beside counts capped at ~13 rounds kept 13% of it for good: replayed (`tools.acceptance_fit`),
 # the engine-wide estimate predicted 6.4-9.0% too few accepted tokens per round (draft model, prompt
 # lookup, EAGLE; batch 1 and 8), each sequence's, drawn towards it, 1.4-5.5% too few; decaying
-# with the counts, -1.9% to +0.5% and +1.0% to -3.2%. The same decay also runs once per PROBE_EVERY
-# steps in which no sequence drafted (`EngineWide.age`), down to PRIOR_TRIALS of evidence: while a batch is
-# paused only probes add rounds, one in hundreds or thousands of steps, and per round alone the counts
-# kept a hard stretch's acceptances for thousands of steps after it. In the policy's simulation of a
-# draft model at batch 1 (tests/test_policy.py, `draft_model_rate`), 400 steps accepting half as often
-# at 1.5x the drafting cost, then the easy prompts again: per round alone, 20 of 24 seeds stayed paused
-# over 1000 steps after it (median 1700), the 3000 steps after it at 0.918x fixed k = 4's rate; aged
-# so, 11 of 24 (median 670), 0.980x (the rest is the probes' spacing: PROBE_BUDGET put them 500-1900
-# steps apart there, each catching the drafter up on up to 256 tokens)
+# with the counts, -1.9% to +0.5% and +1.0% to -3.2%. The same decay also runs once per
+# PROBE_EVERY steps in which no sequence drafted (`EngineWide.age`), down to PRIOR_TRIALS of
+# evidence: while a batch is paused only probes add rounds, one in hundreds or thousands of steps,
+# and per round alone the counts kept a hard stretch's acceptances for thousands of steps after it.
+# In the policy's simulation of a draft model at batch 1 (tests/test_policy.py, `draft_model_rate`),
+# 400 steps accepting half as often at 1.5x the drafting cost, then the easy prompts again: per
+# round alone, 20 of 24 seeds stayed paused over 1000 steps after it (median 1700), the 3000 steps
+# after it at 0.918x fixed k = 4's rate; aged so, 11 of 24 (median 670), 0.980x (the rest is the
+# probes' spacing: PROBE_BUDGET put them 500-1900 steps apart there, each catching the drafter up on
+# up to 256 tokens)
 COLLAPSE_ALPHA = 0.15
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
 SHAPE_SAMPLES = 15  # recent steps per token count whose median sets that count's point ...
@@ -1101,7 +1103,7 @@ class Policy:
         return best_k, set(order[:best_m])
 
     def admit(self, seq: Sequence) -> None:
-        """A new sequence starts at the engine-wide acceptances."""
+        """A new sequence starts at the engine-wide acceptances of its path (greedy or sampled)."""
         self.coast_left = 0
         self.observe_unobserved()
         sampled = not seq.params.greedy
