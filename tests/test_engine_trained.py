@@ -47,10 +47,11 @@ def test_adaptive_policy_keeps_greedy_identity(setup):
 
 @pytest.mark.slow
 def test_adaptive_policy_reproduces_seeded_sampling_in_any_batch(setup):
-    """Seeded sampled requests keep a fixed draft length under the adaptive policy: the same
-    output alone and among other requests (whose presence changes what the policy picks)."""
+    """Seeded sampled requests keep a fixed draft length under the adaptive policy (here the 4
+    they ask; none where they ask none): the same output alone and among other requests (whose
+    presence changes what the policy picks)."""
     paths, prompts, _ = setup
-    params = SamplingParams(max_tokens=24, temperature=0.9, seed=11, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.9, seed=11, ignore_eos=True, num_draft_tokens=4)
     alone = build_engine(EngineConfig.of(method="draft", dtype="float64", policy="adaptive", max_batch=4, k=4, **paths))
     [ref] = alone.generate(prompts[:1], params)
     busy = build_engine(EngineConfig.of(method="draft", dtype="float64", policy="adaptive", max_batch=4, k=4, **paths))

@@ -304,13 +304,20 @@ def test_a_resume_is_charged_its_catch_up_over_the_steps_the_sequence_has_left()
     assert p.choose([s]) != [0]
 
 
-def test_seeded_sampled_requests_keep_their_cap_under_load():
+@pytest.mark.parametrize("cost, free", [(compute_bound, 0), (memory_bound, 4)])
+def test_seeded_sampled_requests_keep_their_cap_under_load(cost, free):
+    """A seeded sampled request keeps its cap whatever the load (its output depends on its k
+    schedule): the `num_draft_tokens` it asked, none where it asked none (a schedule the policy
+    cannot pause is not the model's k by default). The other rows draft what the policy picks
+    (`free`: none where compute-bound, the cap where verification is nearly free)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = compute_bound()
-    batch = seqs(p, 6, 0.6) + seqs(p, 1, 0.6, temperature=0.8, seed=3) + seqs(p, 1, 0.6, temperature=0.8, seed=4,
+    p.cost = cost()
+    batch = seqs(p, 6, 0.9) + seqs(p, 1, 0.9, temperature=0.8, seed=3) + seqs(p, 1, 0.9, temperature=0.8, seed=4,
                                                                        num_draft_tokens=2)
-    batch += seqs(p, 1, 0.6, temperature=0.8) + seqs(p, 1, 0.6, seed=5)  # unseeded sampling; seeded greedy
-    assert p.choose(batch) == [0] * 6 + [4, 2, 0, 0]
+    batch += seqs(p, 1, 0.9, temperature=0.8) + seqs(p, 1, 0.9, seed=5)  # unseeded sampling; seeded greedy
+    assert p.choose(batch) == [free] * 6 + [0, 2, free, free]
+    fixed = Policy(max_k=4, adaptive=False, depth_for=lambda k: k)
+    assert fixed.choose(batch) == [4] * 7 + [2, 4, 4]  # the fixed policy: every cap, the model's k
 
 
 def test_probes_go_one_candidate_deeper_than_the_pick_and_at_least_two():
