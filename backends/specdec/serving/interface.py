@@ -43,7 +43,7 @@ INPUTS = [
     Field("random_seed", "TYPE_UINT64", "[ 1 ]", None, "alias of seed (TensorRT-LLM's name and type)"),
     Field("stop_words", "TYPE_STRING", "[ -1 ]", [], "strings that end the output (not included)"),
     Field("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", False, "false: the prompt is prepended to the text"),
-    Field("num_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "cap on speculated tokens per step (0 = off); none = model's k"),
+    Field("num_draft_tokens", "TYPE_INT32", "[ 1 ]", None, "cap on speculated tokens per step (0 = off); none = model's k (a seeded sampled request under the adaptive policy: 0)"),
     Field("min_tokens", "TYPE_INT32", "[ 1 ]", 0, "EOS is suppressed before this many tokens"),
     Field("min_length", "TYPE_INT32", "[ 1 ]", 0, "alias of min_tokens (genai-perf sends it)"),
     Field("ignore_eos", "TYPE_BOOL", "[ 1 ]", False, "keep generating past EOS (fixed-length benchmarks)"),
