@@ -345,9 +345,14 @@ def test_restarts_count_each_reload_of_a_model_once(repo, tmp_path):
                 os.kill(stub_pids(serve.server_pid())["spec_ngram"].pop(), signal.SIGKILL)
                 assert wait_for(lambda: SERVER_CRASH in serve.text
                                 or serve.text.count("spec_ngram serves again") == kill, 60), serve.text
-            assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 60), serve.text
+                if SERVER_CRASH in serve.text:
+                    # at once: a second kill on the restarted server found the crash line already
+                    # there, went on without waiting for its reload, and the check after it failed
+                    # (CI at 8283c3e: tritonserver aborted at the first kill's reload)
+                    break
             if SERVER_CRASH in serve.text:
                 continue
+            assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 60), serve.text
             assert metric(serve.ports[2], "specdec:model_restarts", "spec_ngram") == 2
             assert metric(serve.ports[2], "specdec:server_restarts", "spec_ngram") == 0
             return
