@@ -313,7 +313,7 @@ class NativeChain:
         the forward is not native (`runs_natively`, a cache not float32)."""
         real = B * T if lengths is None else sum(lengths)
         out = (ctypes.c_int64 * real)()
-        x = self.step(None, out, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
+        x = self.step(real, None, out, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
         return None if x is None else (x, list(out))
 
     def logits_step(self, tokens: list[int], positions: list[int], B: int, T: int, rope: "RopeTable",
@@ -325,16 +325,15 @@ class NativeChain:
         None where the forward is not native."""
         real = B * T if lengths is None else sum(lengths)
         logits = torch.empty(real, self.chain.vocab)
-        x = self.step(logits, None, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
+        x = self.step(real, logits, None, tokens, positions, B, T, rope, cache, slots, starts, tree_mask, lengths)
         return None if x is None else (x, logits if lengths is not None else logits.view(B, T, -1))
 
-    def step(self, logits: Tensor | None, out, tokens: list[int], positions: list[int], B: int, T: int,
+    def step(self, real: int, logits: Tensor | None, out, tokens: list[int], positions: list[int], B: int, T: int,
              rope: "RopeTable", cache: "KVCache", slots: list[int], starts: list[int], tree_mask: Tensor | None,
              lengths: list[int] | None) -> Tensor | None:
-        """Run a target's step (`specdec_target_step`) writing the real tokens' logits to `logits`
-        and/or their argmax to `out` (a ctypes array; None: not asked); its hidden states
-        [B, T, H], or None where the forward is not native."""
-        real = B * T if lengths is None else sum(lengths)
+        """Run a target's step (`specdec_target_step`) over its `real` tokens, writing their logits
+        to `logits` and/or their argmax to `out` (a ctypes array; None: not asked); its hidden
+        states [B, T, H], or None where the forward is not native."""
         if not runs_natively(real, T if lengths is None else max(lengths)) or cache.k.dtype != torch.float32:
             return None
         d = self.decoder
