@@ -336,7 +336,7 @@ def test_adaptive_start_up_times_proposals_then_forgets_its_timing_requests(kit,
     fresh = engine(kit, method, max_batch=4, max_context=64, policy="adaptive")
     cost = fresh.policy.cost
     guess = 0.1 * cost.seconds[0]
-    assert (cost.draft_fixed, cost.draft_per_level) != (guess, guess)
+    assert (cost.proposals.fixed, cost.proposals.per_level) != (guess, guess)
     assert fresh.metrics.steps == fresh.metrics.requests == 0 and fresh.policy.alpha == PRIOR_ALPHA
     assert sorted(fresh.free_slots) == [0, 1, 2, 3] and not fresh.streams and not fresh.running
     [result] = fresh.generate(["def f(x):"], SamplingParams(max_tokens=8, ignore_eos=True))

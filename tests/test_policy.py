@@ -12,7 +12,7 @@ import pytest
 
 from specdec.core import policy
 from specdec.core.policy import (COLLAPSE_ALPHA, DRAFTING_RECHECK, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PLAIN_SETTLE, PROBE_BUDGET,
-                                 PROBE_EVERY, CostModel, Policy, SlotState, StepRecord, expected_tokens)
+                                 PROBE_EVERY, CostModel, Policy, ProposalFit, SlotState, StepRecord, expected_tokens)
 from specdec.core.rate_guard import GUARD_MIN_PLAIN
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -39,12 +39,12 @@ def round_(p: Policy, seq: Sequence, depth: int, accepted: int) -> None:
 def memory_bound() -> CostModel:
     """Verify time nearly flat up to 64 tokens (a GPU or small batch): extra tokens are cheap, and
     so are proposals (per drafting row)."""
-    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.01, draft_per_level=0.01)
+    return CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], proposals=ProposalFit(0.01, 0.01))
 
 
 def compute_bound() -> CostModel:
     """Every token costs the same (a saturated CPU): verifying rejected tokens is pure loss."""
-    return CostModel([1, 512], [1.0, 512.0], draft_fixed=0.05, draft_per_level=0.05)
+    return CostModel([1, 512], [1.0, 512.0], proposals=ProposalFit(0.05, 0.05))
 
 
 def test_expected_tokens():
@@ -111,7 +111,7 @@ def test_draft_cost_fit_separates_fixed_and_per_level_cost():
     for _ in range(30):  # early samples are clipped to 3x the prediction; they leave the window
         for depth in (1, 2, 4):
             c.observe_draft(depth, 0.3 + 0.1 * depth)
-    assert abs(c.draft_fixed - 0.3) < 1e-9 and abs(c.draft_per_level - 0.1) < 1e-9
+    assert abs(c.proposals.fixed - 0.3) < 1e-9 and abs(c.proposals.per_level - 0.1) < 1e-9
 
 
 def test_drafts_right_or_wrong_as_a_whole_are_drafted_deep():
@@ -123,7 +123,7 @@ def test_drafts_right_or_wrong_as_a_whole_are_drafted_deep():
     other picks below: every other probe of a drafting batch runs plain, an anchor of
     PLAIN_SETTLE + 1 steps, longer while the rate guard has too few plain steps: the first two)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 3, 5], [1.0, 1.09, 1.45, 2.2], draft_fixed=0.01, draft_per_level=0.01)
+    p.cost = CostModel([1, 2, 3, 5], [1.0, 1.09, 1.45, 2.2], proposals=ProposalFit(0.01, 0.01))
     s = Sequence("r", [1, 2], SamplingParams(max_tokens=10**6), lambda o: None, slot=next(SLOTS))
     p.admit(s)
     picks = []
@@ -157,7 +157,7 @@ def test_greedy_and_sampled_requests_keep_their_own_proposal_costs_and_acceptanc
     and greedy newcomers starting at the sampled acceptance: paused. Each path keeps its own
     proposal fit (`CostModel.use_path`) and engine-wide acceptances (`Policy.wide`)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.3, 2.2], draft_fixed=0.1, draft_per_level=0.05)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.3, 2.2], proposals=ProposalFit(0.1, 0.05))
     greedy, sampled = SamplingParams(max_tokens=10**6), SamplingParams(max_tokens=10**6, temperature=1.0)
 
     def requests(params: SamplingParams, propose: float, accepted: int) -> None:
@@ -177,14 +177,14 @@ def test_greedy_and_sampled_requests_keep_their_own_proposal_costs_and_acceptanc
     p.admit(sampled_newcomer)
     assert p.acceptance(greedy_newcomer) > 0.9 and p.acceptance(sampled_newcomer) < 0.1
     p.choose([greedy_newcomer])  # prices its proposals on the greedy path's fit
-    greedy_proposal = p.cost.draft_at_calibration(4)
+    greedy_proposal = p.cost.proposals.seconds(4)
     assert not p.cost.sampled_path
     p.choose([sampled_newcomer])
-    assert p.cost.sampled_path and p.cost.draft_at_calibration(4) / greedy_proposal == pytest.approx(1.5 / 0.3, rel=0.1)
+    assert p.cost.sampled_path and p.cost.proposals.seconds(4) / greedy_proposal == pytest.approx(1.5 / 0.3, rel=0.1)
 
 def test_one_rejected_round_after_many_accepted_keeps_speculating():
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 8], [1.0, 1.6], draft_fixed=0.4, draft_per_level=0.15)
+    p.cost = CostModel([1, 8], [1.0, 1.6], proposals=ProposalFit(0.4, 0.15))
     s = seqs(p, 1, 0.6)[0]
     p.admit(s)
     for _ in range(10):
@@ -198,7 +198,7 @@ def test_measured_steps_correct_a_bad_calibration():
     """A calibration where 2+ tokens looked 4x the cost of 1 (one preempted timing) turns
     speculation off; the timings of real steps, probes included, bring the curve back."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 4.0, 4.0, 4.0], draft_fixed=0.1, draft_per_level=0.1)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 4.0, 4.0, 4.0], proposals=ProposalFit(0.1, 0.1))
     s = seqs(p, 1, 0.8)[0]
     assert p.choose([s]) == [0]
     for _ in range(40):
@@ -254,7 +254,7 @@ def test_preempted_first_proposals_are_undone_by_a_shallower_one():
     proposal costs at most twice a depth-2 one, so the first probes' timings bound it, and the
     policy drafts again."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2], draft_fixed=0.1, draft_per_level=0.1)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2], proposals=ProposalFit(0.1, 0.1))
     for _ in range(3):
         p.observe_draft_time(2.5, 4, backlogs=[3])
     assert p.cost.draft(4) > 2.0 and p.best([4], [0.8], [0.8], [False]) == (0, set())
@@ -293,7 +293,7 @@ def test_a_resume_is_charged_its_catch_up_over_the_steps_the_sequence_has_left()
     of 10 steps' worth for about 15% more tokens per step over 15 steps), and does if it has 3000."""
     backlogs = {}
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k, backlog=lambda s: backlogs[s.slot])
-    p.cost = CostModel([1, 8], [1.0, 1.2], draft_fixed=0.4, draft_per_level=0.05, catch_up_per_entry=0.05)
+    p.cost = CostModel([1, 8], [1.0, 1.2], proposals=ProposalFit(0.4, 0.05), catch_up_per_entry=0.05)
     for backlog, max_tokens, drafts in ((1, 30, True), (200, 30, False), (200, 3000, True)):
         [s] = seqs(p, 1, 0.5, max_tokens=max_tokens)
         backlogs[s.slot] = backlog
@@ -340,7 +340,7 @@ def test_while_the_batch_drafts_every_other_probe_runs_it_plain():
     (`test_rate_guard.test_long_anchors_time_the_plain_rate_after_drafting_has_worn_off`); the
     probes in between still go one candidate deeper."""
     p = Policy(max_k=8, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], draft_fixed=0.025, draft_per_level=0.15)  # per row
+    p.cost = CostModel([1, 8, 64, 512], [1.0, 1.05, 1.3, 8.0], proposals=ProposalFit(0.025, 0.15))  # per row
     batch = seqs(p, 2, 0.6)
     picks = [p.choose(batch) for _ in range(4 * PROBE_EVERY)]
     pick = picks[0]
@@ -586,7 +586,7 @@ def test_speculation_turns_off_per_sequence_where_its_gain_does_not_pay_its_veri
     """At a moderate load the sequences that accept well draft, the others do not; and no choice of
     k and subset of sequences commits more tokens per second than the policy's pick (brute force)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 8, 16, 64], [1.0, 1.2, 1.6, 9.0], draft_fixed=0.025, draft_per_level=0.0125)  # per row
+    p.cost = CostModel([1, 8, 16, 64], [1.0, 1.2, 1.6, 9.0], proposals=ProposalFit(0.025, 0.0125))  # per row
     batch = seqs(p, 4, 0.9) + seqs(p, 4, 0.25)
     ks = p.choose(batch)
     assert min(ks[:4]) > 0 and ks[4:] == [0] * 4
@@ -605,7 +605,7 @@ def test_a_busy_spell_at_the_chosen_token_count_does_not_switch_speculation_off(
     proposer costs rise alike (the load factor), so the pick stays. (Correcting only the curve's
     point at that count made it look 3x dearer than one token, and speculation stopped.)"""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], draft_fixed=0.1, draft_per_level=0.1)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], proposals=ProposalFit(0.1, 0.1))
     s = seqs(p, 1, 0.8)[0]
     [k] = p.choose([s])
     assert k == 4
@@ -699,31 +699,31 @@ def test_a_proposal_for_more_rows_costs_a_share_of_a_row_per_extra_row():
     per row, a batch of 8 paused where fixed k = 4 ran 1.25x). Once two row counts were timed, the
     share is the one that fits them."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.3, draft_per_level=0.3)
+    p.cost = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.3, 0.3))
     assert p.choose(seqs(p, 1, 0.9)) == [4]
     assert p.choose(seqs(p, 4, 0.9)) == [0] * 4
     assert p.cost.draft(4, rows=4) == pytest.approx(1.5 * (1 + 3 * policy.ROW_SHARE))
-    c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.1, draft_per_level=0.1)
+    c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.1, 0.1))
     for _ in range(8):
         for depth in (2, 4):
             c.observe_draft(depth, 0.1 + 0.05 * depth, rows=1)
             c.observe_draft(depth, (0.1 + 0.05 * depth) * (1 + 0.3 * 7), rows=8)
-    assert c.row_share == pytest.approx(0.3)
+    assert c.proposals.row_share == pytest.approx(0.3)
     assert c.draft(4) == pytest.approx(0.3) and c.draft(4, rows=8) == pytest.approx(0.3 * 3.1)
-    only_eight = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.1, draft_per_level=0.1)
+    only_eight = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.1, 0.1))
     for _ in range(8):
         only_eight.observe_draft(4, 2.0, rows=8)  # one row count: the share stays, the level follows
-    assert only_eight.row_share == policy.ROW_SHARE and only_eight.draft(4, rows=8) == pytest.approx(2.0)
+    assert only_eight.proposals.row_share == policy.ROW_SHARE and only_eight.draft(4, rows=8) == pytest.approx(2.0)
 
 def test_proposals_timed_before_serving_start_the_fit():
     """The engine times proposals for one row and a full batch before serving: the fit starts
     from them (one-row fixed and per-level cost, and the rows' share), not from the guess."""
-    c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], draft_fixed=0.1, draft_per_level=0.1)
-    c.start_proposals([(1, 2, 0.2), (1, 4, 0.3), (8, 2, 0.2 * 3.1), (8, 4, 0.3 * 3.1)])
-    assert c.draft_fixed == pytest.approx(0.1) and c.draft_per_level == pytest.approx(0.05)
-    assert c.row_share == pytest.approx(0.3)
-    c.start_proposals([])  # nothing timed (no proposer drafted): the guess stays
-    assert c.draft_fixed == pytest.approx(0.1)
+    c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.1, 0.1))
+    c.proposals.start([(1, 2, 0.2), (1, 4, 0.3), (8, 2, 0.2 * 3.1), (8, 4, 0.3 * 3.1)])
+    assert c.proposals.fixed == pytest.approx(0.1) and c.proposals.per_level == pytest.approx(0.05)
+    assert c.proposals.row_share == pytest.approx(0.3)
+    c.proposals.start([])  # nothing timed (no proposer drafted): the guess stays
+    assert c.proposals.fixed == pytest.approx(0.1)
 
 
 def test_the_curve_reads_its_points_non_decreasing():
@@ -747,18 +747,18 @@ def test_a_paused_batchs_probe_that_caught_up_drafts_again_in_sync_and_times_the
     one is by drafting."""
     backlogs = {}
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k, backlog=lambda s: backlogs[s.slot])
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], draft_fixed=5.0, draft_per_level=5.0)  # off
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.1, 1.3, 1.6], proposals=ProposalFit(5.0, 5.0))  # off
     [s] = seqs(p, 1, 0.9)
     backlogs[s.slot] = 60
     ks = plain_until_drafting(p, [s], step_seconds=1.0)
     p.observe(StepRecord([s], ks, [ks[0]], [ks[0]], [60], propose_seconds=0.5, depth=ks[0], step_seconds=1.2,
                          tokens=1 + ks[0]))
-    assert p.cost.draft_seen == 0  # a catch-up: not a proposal sample
+    assert p.cost.proposals.seen == 0  # a catch-up: not a proposal sample
     backlogs[s.slot] = 1 + ks[0]
     assert p.choose([s]) == ks  # the follow-up
     p.observe(StepRecord([s], ks, [ks[0]], [ks[0]], [1 + ks[0]], propose_seconds=0.2, depth=ks[0],
                          step_seconds=1.2, tokens=1 + ks[0]))
-    assert p.cost.draft_seen == 1 and p.cost.draft(ks[0]) == pytest.approx(0.2)
+    assert p.cost.proposals.seen == 1 and p.cost.draft(ks[0]) == pytest.approx(0.2)
 
 
 def test_the_servers_cost_per_row_and_step_makes_fewer_steps_worth_more():
@@ -766,7 +766,7 @@ def test_the_servers_cost_per_row_and_step_makes_fewer_steps_worth_more():
     pays once every row's response costs as much as a plain step: drafting makes fewer steps,
     and so fewer responses, for the same tokens."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 5], [1.0, 2.0], draft_fixed=0.6, draft_per_level=0.6)
+    p.cost = CostModel([1, 5], [1.0, 2.0], proposals=ProposalFit(0.6, 0.6))
     [s] = seqs(p, 1, 0.95)
     assert p.best([4], [0.95], [0.95], [False]) == (0, set())
     p.cost.observe_output(1.0)
@@ -781,7 +781,7 @@ def test_each_regime_pays_its_own_output_cost():
     4 and 16 users plain steps' outputs leave together, drafting steps' alone), drafting is
     priced at its own: the draft that paid at one shared cost no longer does."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 5], [1.0, 2.0], draft_fixed=0.6, draft_per_level=0.6)
+    p.cost = CostModel([1, 5], [1.0, 2.0], proposals=ProposalFit(0.6, 0.6))
     seqs(p, 1, 0.95)
     p.cost.observe_output(1.0)
     assert p.best([4], [0.95], [0.95], [False])[0] > 0  # 4.52 tokens for 6 against 1 for 2
@@ -838,7 +838,7 @@ def simulated_rate(seed: int, spell_load: float, adaptive: bool = True, steps: i
     rng = random.Random(seed)
     cost = lambda n: 1.0 + 0.15 * (n - 1)  # noqa: E731
     p = Policy(max_k=4, adaptive=adaptive, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [cost(1), cost(2), cost(4), cost(8)], draft_fixed=0.005, draft_per_level=0.001)
+    p.cost = CostModel([1, 2, 4, 8], [cost(1), cost(2), cost(4), cost(8)], proposals=ProposalFit(0.005, 0.001))
     s = Sequence("r", [1, 2], SamplingParams(max_tokens=10**7), lambda o: None, slot=next(SLOTS))
     p.admit(s)
     spell, miss = 0, False
@@ -889,7 +889,7 @@ def draft_model_rate(seed: int, adaptive: bool = True, steps: int = 4000, first:
     cost = lambda n: 1.0 + 0.45 * (n - 1)  # noqa: E731
     fed: dict[int, int] = {}  # slot -> tokens its drafter has seen
     p = Policy(max_k=4, adaptive=adaptive, depth_for=lambda k: k, backlog=lambda s: len(s.tokens) - fed[s.slot])
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.3, 2.2], draft_fixed=0.1, draft_per_level=0.1)  # a calibration's
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.3, 2.2], proposals=ProposalFit(0.1, 0.1))  # a calibration's
     tokens = seconds = 0.0
     s = None
     for _ in range(steps):
@@ -941,7 +941,7 @@ def test_a_batch_drafting_every_step_takes_its_curve_from_its_anchors():
     calibration that says 5 tokens cost 1.1x one, and steps that cost 2x: the curve follows the
     steps (with the window at 256 steps and 15 samples it stayed at 1.32x)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.02, 1.06, 1.1], draft_fixed=0.01, draft_per_level=0.01)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.02, 1.06, 1.1], proposals=ProposalFit(0.01, 0.01))
     [s] = seqs(p, 1, 0.95)
     cost = lambda n: 1.0 + 0.25 * (n - 1)  # noqa: E731
     for _ in range(2 * PROBE_EVERY * (policy.SHAPE_SAMPLES + 2)):
@@ -960,7 +960,7 @@ def test_a_batch_drafting_every_step_keeps_the_true_shape_against_settled_plain_
     2.67x after 1000 steps (1.66x with that residue), drifting back over thousands; with the
     anchors kept fresh, they swung to the curve's bounds (1.0-3.6x)."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.2, 1.6, 2.4], draft_fixed=0.01, draft_per_level=0.01)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.2, 1.6, 2.4], proposals=ProposalFit(0.01, 0.01))
     [s] = seqs(p, 1, 0.95)
     residue = [1.13, 1.04]  # the first and second plain step after a drafted one
     since_draft, ratios = 0, []

@@ -11,7 +11,7 @@ from typing import Hashable
 import pytest
 
 from specdec.core import policy, rate_guard
-from specdec.core.policy import CostModel, Policy, SlotState, StepRecord
+from specdec.core.policy import CostModel, Policy, ProposalFit, SlotState, StepRecord
 from specdec.core.rate_guard import GUARD_HOLD, GUARD_MIN_DRAFTED, GUARD_MIN_PLAIN, RateGuard
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -147,7 +147,7 @@ def test_a_batch_whose_veto_ended_drafts_again_where_its_model_rates_drafting_ne
     import test_policy
 
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], draft_fixed=0.55, draft_per_level=0.15)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], proposals=ProposalFit(0.55, 0.15))
     p.probe_gap = p.next_probe = 10**9  # no probes: nothing but the re-trial moves the acceptances
     p.wide[False].state = SlotState(0.8, 0.8)
     [s] = test_policy.seqs(p, 1, 0.8)
@@ -181,7 +181,7 @@ def test_greedy_and_sampled_batches_are_judged_apart():
     import test_policy
 
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], draft_fixed=0.55, draft_per_level=0.15)
+    p.cost = CostModel([1, 2, 4, 8], [1.0, 1.45, 2.35, 4.15], proposals=ProposalFit(0.55, 0.15))
     p.probe_gap = p.next_probe = 10**9
     p.wide[False].state = p.wide[True].state = SlotState(0.8, 0.8)  # the model: drafting ~0.89x plain
     [greedy] = test_policy.seqs(p, 1, 0.8)
@@ -214,7 +214,7 @@ def over_rated_rate(seed: int, guarded: bool, rows: int = 8, steps: int = 6000, 
     propose = lambda depth, m: 0.025 * (1 + depth) * (1 + 0.5 * (m - 1))  # noqa: E731
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     counts = [rows, 2 * rows, 3 * rows, 5 * rows]
-    p.cost = CostModel(counts, [cost(n) for n in counts], draft_fixed=propose(0, 1), draft_per_level=propose(1, 1) - propose(0, 1))
+    p.cost = CostModel(counts, [cost(n) for n in counts], proposals=ProposalFit(propose(0, 1), propose(1, 1) - propose(0, 1)))
     p.cost.output_plain = p.cost.output_drafting = 0.5
     if not guarded:
         p.guard.add = lambda *args, **kwargs: None
@@ -271,7 +271,7 @@ def test_the_guard_times_a_step_with_the_policys_own_time():
     timers: the guard's rates count them (`StepRecord.proposal_seconds`); without them prompt lookup
     drafting at 0.94x its plain rate read as 0.99x."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
-    p.cost = CostModel([8, 16], [1.0, 1.4], draft_fixed=0.01, draft_per_level=0.01)
+    p.cost = CostModel([8, 16], [1.0, 1.4], proposals=ProposalFit(0.01, 0.01))
     p.cost.plain_run = 5  # settled
     seen = []
     p.guard.add = lambda rows, step, tokens, seconds, drafting: seen.append(seconds)

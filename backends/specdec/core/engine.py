@@ -119,9 +119,9 @@ class Engine:
         self.observed_seconds = 0.0  # the policy's observation of the last step
         if self.adaptive:
             cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
-            cost.start_proposals(self.time_proposals())
+            cost.proposals.start(self.time_proposals())
             cost.use_path(sampled=True)  # a sampled row's proposal (`CostModel.use_path`), timed apart
-            cost.start_proposals(self.time_proposals(temperature=SAMPLED_TIMING_TEMPERATURE))
+            cost.proposals.start(self.time_proposals(temperature=SAMPLED_TIMING_TEMPERATURE))
             cost.use_path(sampled=False)
             self.policy = self.new_policy()  # what the timing requests taught it (their acceptance) is forgotten
             self.policy.cost = cost

@@ -253,6 +253,104 @@ class RecentSteps:
 
 
 @dataclass
+class ProposalFit:
+    """One path's proposal cost at load 1 (`CostModel.use_path`): a proposal of depth d for m
+    drafting rows takes (fixed + per_level * d) * (1 + row_share * (m - 1)), fitted by least
+    squares over the median time per depth and row count of its recent samples."""
+
+    fixed: float = 0.0  # a proposal for one row
+    per_level: float = 0.0
+    row_share: float = ROW_SHARE  # each drafting row past the first adds this share of a one-row proposal
+    samples: deque = field(default_factory=lambda: deque(maxlen=64))  # (depth, rows, seconds at load 1)
+    seen: int = 0  # proposals timed so far
+    table_key: tuple = field(default=(), repr=False)  # what `table` was made for
+    table_made: tuple[list[float], list[float]] = field(default=([], []), repr=False)
+
+    def seconds(self, depth: int, rows: int = 1) -> float:
+        """A proposal of `depth` for `rows` drafting rows."""
+        return (self.fixed + self.per_level * depth) * self.rows_factor(rows) if depth > 0 else 0.0
+
+    def rows_factor(self, rows: int) -> float:
+        """A proposal for `rows` drafting rows, in one-row proposals: rows share the drafter's
+        forwards (its weights are read once per forward), so a batch of 8 proposes in 4-5 rows'
+        time, but not all of their cost (fitted on one user's proposals and charged once for four
+        rows, the draft model served 4 users at 0.83-0.90x the baseline)."""
+        return 1.0 + self.row_share * (rows - 1) if rows > 0 else 0.0
+
+    def table(self, depths: int, rows: int) -> tuple[list[float], list[float]]:
+        """`seconds` of depths 0..depths for one row and `rows_factor` of 0..rows, kept until the
+        fit moves (a refit): `Policy.best` reads them every step."""
+        key = (self.fixed, self.per_level, self.row_share, depths, rows)
+        if self.table_key != key:
+            self.table_key = key
+            self.table_made = ([self.seconds(d) for d in range(depths + 1)], [self.rows_factor(m) for m in range(rows + 1)])
+        return self.table_made
+
+    def fork(self) -> "ProposalFit":
+        """A fit for another path: this one's, without its samples."""
+        return ProposalFit(self.fixed, self.per_level, self.row_share)
+
+    def observe(self, depth: int, seconds: float, rows: int = 1) -> None:
+        """Refit the one-row fixed + per_level * depth, and the rows' share once two row counts
+        were timed: least squares over the median time of each depth and row count seen recently
+        (medians, so that proposals preempted on a busy machine do not move it), the share the one
+        of ROW_SHARES that fits best. A sample counts at most 3x the current prediction: one
+        proposal that caught up on a whole prompt must not switch speculation off for good (while
+        it is off no samples correct it). The first DRAFT_REFIT_FIRST samples refit it each, later
+        ones every DRAFT_REFIT_EVERY-th: the refit, every step of a drafting batch, was 6 us of a
+        0.33 ms prompt-lookup step at batch 1, and the medians of 64 samples move little in 32."""
+        predicted = self.seconds(depth, rows)
+        self.samples.append((depth, rows, min(seconds, 3 * predicted) if predicted > 0 else seconds))
+        self.seen += 1
+        if self.seen > DRAFT_REFIT_FIRST and self.seen % DRAFT_REFIT_EVERY:
+            return
+        self.refit()
+
+    def start(self, timed: list[tuple[int, int, float]]) -> None:
+        """Start the fit from (rows, depth, seconds) timed before serving, in place of the guess
+        `CostModel.measure` starts with: each is one of the recent samples, so proposals timed
+        while serving take over as they come (kept apart, the first in-sync probe, at twice the
+        start-up time, replaced the whole fit and doubled a paused draft model's cost at batch 8)."""
+        for m, d, t in timed:
+            self.samples.append((d, m, t))
+        if timed:
+            self.refit()
+
+    def refit(self) -> None:
+        """Fit the one-row proposal over the median of each (rows, depth) among the recent
+        samples, and the rows' share where two row counts are among them: the share of
+        ROW_SHARES that fits them best."""
+        cells: dict[int, dict[int, list[float]]] = {}  # rows -> depth -> seconds
+        for d, m, t in self.samples:
+            cells.setdefault(m, {}).setdefault(d, []).append(t)
+        points = [(m, d, t, w) for m, by_depth in cells.items() for d, t, w in
+                  consistent([(d, statistics.median(ts), len(ts)) for d, ts in sorted(by_depth.items())])]
+        if len(cells) > 1:
+            self.row_share = min(ROW_SHARES, key=lambda share: self.fit(points, share)[2])
+        self.fixed, self.per_level, _ = self.fit(points, self.row_share)
+
+    def fit(self, points: list[tuple[int, int, float, int]], share: float) -> tuple[float, float, float]:
+        """(fixed, per_level, weighted squared relative error) of one-row proposals fitted to
+        (rows, depth, median seconds, samples) at `share` per extra row. With one depth timed,
+        the current fit's shape is kept and its level matched."""
+        one_row = [(d, t / (1.0 + share * (m - 1)), w) for m, d, t, w in points]
+        n = sum(w for _, _, w in one_row)
+        mean_d = sum(d * w for d, _, w in one_row) / n
+        mean_t = sum(t * w for _, t, w in one_row) / n
+        var = sum(w * (d - mean_d) ** 2 for d, _, w in one_row)
+        if var > 0:
+            per_level = max(sum(w * (d - mean_d) * (t - mean_t) for d, t, w in one_row) / var, 0.0)
+            fixed = max(mean_t - per_level * mean_d, 0.0)
+        elif self.seconds(one_row[0][0]) > 0:
+            scale = mean_t / self.seconds(one_row[0][0])
+            fixed, per_level = self.fixed * scale, self.per_level * scale
+        else:
+            fixed, per_level = mean_t, 0.0
+        error = sum(w * ((fixed + per_level * d) / t - 1.0) ** 2 for d, t, w in one_row if t > 0)
+        return fixed, per_level, error
+
+
+@dataclass
 class CostModel:
     """Seconds for a step's target side over n tokens (interpolated) and for a proposal of some depth.
 
@@ -266,13 +364,9 @@ class CostModel:
     token_counts: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)  # at load 1
     start: tuple[list[int], list[float]] = field(default=((), ()), repr=False)  # the curve as built (SHAPE_BOUND)
-    draft_fixed: float = 0.0  # at load 1, a proposal for one row
-    draft_per_level: float = 0.0
-    row_share: float = ROW_SHARE  # each drafting row past the first adds this share of a one-row proposal
-    draft_samples: deque = field(default_factory=lambda: deque(maxlen=64))  # (depth, rows, seconds at load 1)
-    draft_seen: int = 0  # proposals timed so far
-    sampled_path: bool = False  # whether the proposal fit above is sampled proposals' (`use_path`) ...
-    other_path: tuple | None = None  # ... and the other path's, kept aside (None: not used yet)
+    proposals: ProposalFit = field(default_factory=ProposalFit)  # the fit of the path in use (`use_path`) ...
+    sampled_path: bool = False  # ... whether that is sampled proposals' ...
+    paths: dict[bool, ProposalFit] = field(default_factory=dict, repr=False)  # ... and each path's once left
     catch_up_per_entry: float = 0.0  # at load 1: a catch-up's cost past the proposal's, per entry fed
     catch_up_samples: deque = field(default_factory=lambda: deque(maxlen=CATCH_UP_SAMPLES))
     # at load 1: the server's cost outside the engine per row and step, of a batch plain and of one
@@ -287,8 +381,6 @@ class CostModel:
     curve: dict[int, float] = field(default_factory=dict, repr=False)
     measured: set[int] = field(default_factory=set, repr=False)  # counts whose point real steps set (`observe_shape`)
     rising_seconds: list[float] = field(default_factory=list, repr=False)  # `rising(...)` of the points, made with `curve`
-    table_key: tuple = field(default=(), repr=False)  # what `proposal_table` was made for
-    table: tuple[list[float], list[float]] = field(default=([], []), repr=False)
     # token count -> its recent pairs (`observe_shape`): each the point it implies, by step number
     pairs: dict[int, RecentSteps] = field(default_factory=dict, repr=False)
     plain_steps: dict[int, RecentSteps] = field(default_factory=dict, repr=False)  # plain count -> settled plain steps, not anchors
@@ -309,109 +401,31 @@ class CostModel:
         return min(max(seconds, built / SHAPE_BOUND), built * SHAPE_BOUND)
 
     def draft(self, depth: int, rows: int = 1) -> float:
-        return self.load * self.draft_at_calibration(depth) * self.rows_factor(rows)
-
-    def draft_at_calibration(self, depth: int) -> float:
-        """A proposal of `depth` for one row."""
-        return self.draft_fixed + self.draft_per_level * depth if depth > 0 else 0.0
-
-    def rows_factor(self, rows: int) -> float:
-        """A proposal for `rows` drafting rows, in one-row proposals: rows share the drafter's
-        forwards (its weights are read once per forward), so a batch of 8 proposes in 4-5 rows'
-        time, but not all of their cost (fitted on one user's proposals and charged once for four
-        rows, the draft model served 4 users at 0.83-0.90x the baseline)."""
-        return 1.0 + self.row_share * (rows - 1) if rows > 0 else 0.0
-
-    def proposal_table(self, depths: int, rows: int) -> tuple[list[float], list[float]]:
-        """`draft_at_calibration` of depths 0..depths and `rows_factor` of 0..rows, kept until the
-        fit moves (a refit): `Policy.best` reads them every step."""
-        key = (self.draft_fixed, self.draft_per_level, self.row_share, depths, rows)
-        if self.table_key != key:
-            self.table_key = key
-            self.table = ([self.draft_at_calibration(d) for d in range(depths + 1)],
-                          [self.rows_factor(m) for m in range(rows + 1)])
-        return self.table
+        """A proposal of `depth` for `rows` drafting rows at the current load."""
+        return self.load * self.proposals.seconds(depth, rows)
 
     def observe_draft(self, depth: int, seconds: float, rows: int = 1) -> None:
-        """Refit the one-row fixed + per_level * depth, and the rows' share once two row counts
-        were timed: least squares over the median time of each depth and row count seen recently
-        (medians, so that proposals preempted on a busy machine do not move it), the share the one
-        of ROW_SHARES that fits best. A sample counts at most 3x the current prediction: one
-        proposal that caught up on a whole prompt must not switch speculation off for good (while
-        it is off no samples correct it). The first DRAFT_REFIT_FIRST samples refit it each, later
-        ones every DRAFT_REFIT_EVERY-th: the refit, every step of a drafting batch, was 6 us of a
-        0.33 ms prompt-lookup step at batch 1, and the medians of 64 samples move little in 32."""
-        predicted, seconds = self.draft_at_calibration(depth) * self.rows_factor(rows), seconds / self.load
-        self.draft_samples.append((depth, rows, min(seconds, 3 * predicted) if predicted > 0 else seconds))
-        self.draft_seen += 1
-        if self.draft_seen > DRAFT_REFIT_FIRST and self.draft_seen % DRAFT_REFIT_EVERY:
-            return
-        self.refit_from_samples()
+        self.proposals.observe(depth, seconds / self.load, rows)
 
     def use_path(self, sampled: bool) -> None:
-        """Make the proposal fit in use (`draft_fixed`, `draft_per_level`, `row_share` and their
-        samples) the one of proposals with a sampled drafting row, or of greedy ones. A greedy
-        batch's proposal is one native call; a sampled row draws each token from its q, which
-        rejection sampling needs, in the drafter's Python (the draft model at batch 1: fixed 96
-        and 38 us a level greedy; one fit over both paths read 135 and 129 after 8 sampled
-        requests, and greedy drafting, priced at that, stayed paused, 0.96x the baseline where
-        fixed k = 4 ran 1.13x). The other path's fit is kept aside; a path's first use starts
-        from the one in use, its samples its own."""
+        """Make the proposal fit in use the one of proposals with a sampled drafting row, or of
+        greedy ones. A greedy batch's proposal is one native call; a sampled row draws each token
+        from its q, which rejection sampling needs, in the drafter's Python (the draft model at
+        batch 1: fixed 96 and 38 us a level greedy; one fit over both paths read 135 and 129
+        after 8 sampled requests, and greedy drafting, priced at that, stayed paused, 0.96x the
+        baseline where fixed k = 4 ran 1.13x). A path's first use starts from the fit in use,
+        its samples its own."""
         if sampled == self.sampled_path:
             return
-        mine = (self.draft_fixed, self.draft_per_level, self.row_share, self.draft_samples, self.draft_seen)
-        other = self.other_path or (self.draft_fixed, self.draft_per_level, self.row_share, deque(maxlen=64), 0)
-        self.draft_fixed, self.draft_per_level, self.row_share, self.draft_samples, self.draft_seen = other
-        self.other_path, self.sampled_path = mine, sampled
-
-    def start_proposals(self, timed: list[tuple[int, int, float]]) -> None:
-        """Start the proposal fit from (rows, depth, seconds) timed before serving, in place of the
-        guess `measure` starts with: each is one of the recent samples, so proposals timed while
-        serving take over as they come (kept apart, the first in-sync probe, at twice the start-up
-        time, replaced the whole fit and doubled a paused draft model's cost at batch 8)."""
-        for m, d, t in timed:
-            self.draft_samples.append((d, m, t))
-        if timed:
-            self.refit_from_samples()
-
-    def refit_from_samples(self) -> None:
-        """Fit the one-row proposal over the median of each (rows, depth) among the recent
-        samples, and the rows' share where two row counts are among them: the share of
-        ROW_SHARES that fits them best."""
-        cells: dict[int, dict[int, list[float]]] = {}  # rows -> depth -> seconds
-        for d, m, t in self.draft_samples:
-            cells.setdefault(m, {}).setdefault(d, []).append(t)
-        points = [(m, d, t, w) for m, by_depth in cells.items() for d, t, w in
-                  consistent([(d, statistics.median(ts), len(ts)) for d, ts in sorted(by_depth.items())])]
-        if len(cells) > 1:
-            self.row_share = min(ROW_SHARES, key=lambda share: self.fit_proposals(points, share)[2])
-        self.draft_fixed, self.draft_per_level, _ = self.fit_proposals(points, self.row_share)
-
-    def fit_proposals(self, points: list[tuple[int, int, float, int]], share: float) -> tuple[float, float, float]:
-        """(fixed, per_level, weighted squared relative error) of one-row proposals fitted to
-        (rows, depth, median seconds, samples) at `share` per extra row. With one depth timed,
-        the current fit's shape is kept and its level matched."""
-        one_row = [(d, t / (1.0 + share * (m - 1)), w) for m, d, t, w in points]
-        n = sum(w for _, _, w in one_row)
-        mean_d = sum(d * w for d, _, w in one_row) / n
-        mean_t = sum(t * w for _, t, w in one_row) / n
-        var = sum(w * (d - mean_d) ** 2 for d, _, w in one_row)
-        if var > 0:
-            per_level = max(sum(w * (d - mean_d) * (t - mean_t) for d, t, w in one_row) / var, 0.0)
-            fixed = max(mean_t - per_level * mean_d, 0.0)
-        elif self.draft_at_calibration(one_row[0][0]) > 0:
-            scale = mean_t / self.draft_at_calibration(one_row[0][0])
-            fixed, per_level = self.draft_fixed * scale, self.draft_per_level * scale
-        else:
-            fixed, per_level = mean_t, 0.0
-        error = sum(w * ((fixed + per_level * d) / t - 1.0) ** 2 for d, t, w in one_row if t > 0)
-        return fixed, per_level, error
+        self.paths[self.sampled_path] = self.proposals
+        self.proposals = self.paths.get(sampled) or self.proposals.fork()
+        self.sampled_path = sampled
 
     def observe_catch_up(self, entries: int, seconds: float, depth: int, rows: int = 1) -> None:
         """A proposal for `rows` that first fed `entries` beyond the drafting sequences' own (a
         resume, a newcomer's prompt): what it took past the fitted proposal of its depth, per
         entry; the median of recent ones (a preempted proposal does not move it)."""
-        extra = seconds / self.load - self.draft_at_calibration(depth) * self.rows_factor(rows)
+        extra = seconds / self.load - self.proposals.seconds(depth, rows)
         self.catch_up_samples.append(max(extra, 0.0) / entries)
         self.catch_up_per_entry = statistics.median(self.catch_up_samples)
 
@@ -608,7 +622,7 @@ class CostModel:
         for i in reversed(range(len(seconds) - 1)):  # more tokens never cost less: timer noise is
             seconds[i] = min(seconds[i], seconds[i + 1])  # upward (preemption), so cap, don't carry up
         # until proposals are timed: a one-row proposer step costs a tenth of a one-token target step
-        return cls(counts, seconds, draft_fixed=0.1 * seconds[0], draft_per_level=0.1 * seconds[0])
+        return cls(counts, seconds, proposals=ProposalFit(0.1 * seconds[0], 0.1 * seconds[0]))
 
 
 def interpolate(counts: list[int], seconds: list[float], n: int) -> float:
@@ -1081,7 +1095,7 @@ class Policy:
         # scales them all alike), and the curve's points and the proposal costs are memoized
         # between steps (the curve's dict read here first: a method call per rate was a fifth of
         # the search at batch 1)
-        draft_s, rows_factor = cost.proposal_table(depth_of[-1], n)
+        draft_s, rows_factor = cost.proposals.table(depth_of[-1], n)
         verify, curve = cost.verify_at_calibration, cost.curve
         # every row's response, whatever the step commits, at its regime's cost (`observe_output`;
         # a batch with pinned rows drafts whatever the pick)

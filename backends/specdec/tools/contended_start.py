@@ -36,9 +36,9 @@ def serve_one_at_a_time(model: str, requests: int, max_tokens: int, repository: 
     wall = time.perf_counter() - t0
     m, cost = engine.metrics, engine.policy.cost
     out.put({"steps": m.steps, "drafts": m.drafts, "tokens_per_s": m.output_tokens / wall,
-             "draft_fixed_ms": 1000 * cost.draft_fixed if cost else None,
-             "draft_per_level_ms": 1000 * cost.draft_per_level if cost else None,
-             "row_share": cost.row_share if cost else None,
+             "draft_fixed_ms": 1000 * cost.proposals.fixed if cost else None,
+             "draft_per_level_ms": 1000 * cost.proposals.per_level if cost else None,
+             "row_share": cost.proposals.row_share if cost else None,
              "catch_up_per_entry_ms": 1000 * cost.catch_up_per_entry if cost else None})
 
 
