@@ -438,6 +438,24 @@ def test_the_start_up_calibration_times_the_call_greedy_steps_take(monkeypatch):
     assert set(eng.policy.cost.token_counts) <= set(sizes)
 
 
+def test_the_bench_curve_times_one_row_through_the_call_greedy_steps_take(monkeypatch):
+    """`specdec bench`'s printed verify curve (one sequence) runs the target as its greedy steps
+    do: through the separate forward, head and argmax it printed 4 tokens at 1.2-1.4x one where
+    the bench's own steps over 4-5 tokens ran 2.2-2.9x."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.models.llama import LlamaForCausalLM
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths, verify_cost_curve
+
+    shapes, step = [], LlamaForCausalLM.greedy_step
+    monkeypatch.setattr(LlamaForCausalLM, "greedy_step", lambda self, tokens, positions, B, T, *a, **k:
+                        shapes.append((B, T)) or step(self, tokens, positions, B, T, *a, **k))
+    eng = build_engine(EngineConfig.of(method="baseline", max_batch=2, **kit_paths(DEMO_KIT)))
+    curve = verify_cost_curve(eng, 8)
+    assert list(curve) == [1, 2, 4, 8] and set(shapes) == {(1, n) for n in curve}
+
+
 def test_switched_off_or_without_a_compiler_every_forward_is_eager(tiny_target, monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     try:

@@ -438,7 +438,7 @@ class Engine:
         stream.send(text_end, token_ids, finished=True, reason=reason, error=error)
 
     # ---- helpers --------------------------------------------------------------------------
-    def probe_forward(self, n: int) -> None:
+    def probe_forward(self, n: int, rows: int | None = None) -> None:
         """A verification-shaped target forward (start-up cost calibration; every slot is still
         free): n new tokens after a typical context, logits for all of them, as a decode step does.
         Leaving out the context or the logits made the target look 2x cheaper than it is, and the
@@ -447,8 +447,10 @@ class Engine:
         max_batch rows of up to max_k + 1 (so every row fits its slot). Two rows of 4-5 tokens,
         taken for 8 tokens before, read the cache of 2 sequences instead of 8: at batch 8 the
         curve put a k = 4 step (8 x 5) at 2.25x a plain one (8 x 1) where it ran 1.46x, and the
-        draft model (1.3x at fixed k = 4) stayed off in some runs."""
-        rows = min(n, self.max_batch)
+        draft model (1.3x at fixed k = 4) stayed off in some runs. `rows`: that many rows instead
+        (the bench's curve of one sequence; n / rows tokens a row must fit a slot's margin past
+        the context)."""
+        rows = rows or min(n, self.max_batch)
         width = -(-n // rows)  # <= max_k + 1: calibration probes at most max_batch * (max_k + 1) tokens
         start = min(256, self.max_context // 2)
         # through the call a greedy step takes (`greedy_step`) where the target has it: timed through
