@@ -10,9 +10,10 @@ from typing import Callable
 
 import pytest
 
-from specdec.core import policy
-from specdec.core.policy import (COLLAPSE_ALPHA, DRAFTING_RECHECK, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PLAIN_SETTLE, PROBE_BUDGET,
-                                 PROBE_EVERY, CostModel, Policy, ProposalFit, SlotState, StepRecord, expected_tokens)
+from specdec.core import cost_model, policy
+from specdec.core.cost_model import PLAIN_SETTLE, CostModel, ProposalFit
+from specdec.core.policy import (COLLAPSE_ALPHA, DRAFTING_RECHECK, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PROBE_BUDGET,
+                                 PROBE_EVERY, Policy, SlotState, StepRecord, expected_tokens)
 from specdec.core.rate_guard import GUARD_MIN_PLAIN
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence
@@ -215,7 +216,7 @@ def test_calibration_caps_a_preempted_timing_instead_of_carrying_it_up(monkeypat
     def forward(n: int) -> None:
         clock[0] += costs[n]
 
-    monkeypatch.setattr(policy.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock[0])
     c = CostModel.measure(forward, 8)
     assert c.token_counts == [1, 2, 4, 8]
     assert c.seconds == pytest.approx([1.0, 1.2, 1.2, 1.4])
@@ -232,7 +233,7 @@ def test_calibration_rounds_spread_a_busy_spell_over_every_count(monkeypatch):
         clock[0] += costs[n] * (5.0 if busy else 1.0)
         calls[0] += 1
 
-    monkeypatch.setattr(policy.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock[0])
     c = CostModel.measure(forward, 8)
     assert c.seconds == pytest.approx([1.0, 1.1, 1.2, 1.4])
 
@@ -265,10 +266,10 @@ def test_preempted_first_proposals_are_undone_by_a_shallower_one():
 
 
 def test_consistent_medians_believe_the_lower_side():
-    assert policy.consistent([(2, 0.15, 8), (4, 2.5, 3)]) == [(2, 0.15, 8), (4, 0.3, 3)]  # at most 4/2 times
-    assert policy.consistent([(1, 0.9, 2), (3, 0.3, 5)]) == [(1, 0.3, 2), (3, 0.3, 5)]  # at least the shallower
+    assert cost_model.consistent([(2, 0.15, 8), (4, 2.5, 3)]) == [(2, 0.15, 8), (4, 0.3, 3)]  # at most 4/2 times
+    assert cost_model.consistent([(1, 0.9, 2), (3, 0.3, 5)]) == [(1, 0.3, 2), (3, 0.3, 5)]  # at least the shallower
     ok = [(1, 0.1, 4), (2, 0.15, 4), (4, 0.25, 4)]
-    assert policy.consistent(ok) == ok
+    assert cost_model.consistent(ok) == ok
 
 
 def test_a_catch_up_is_fitted_per_entry_apart_from_the_proposal_cost():
@@ -502,7 +503,7 @@ def test_a_probes_verification_beyond_a_plain_step_counts_against_its_budget(mon
     tenth of a plain step and its tree's verification 2-3x one. Here the proposal takes 100 steps'
     budget and the verification 200 more: the next probe goes 300 steps on, not 100 (which at
     MAX_PROBE_GAP put probes at 4% of a paused Medusa's steps at batch 1)."""
-    monkeypatch.setattr(policy, "LOAD_RATE", 0.0)  # the probes' steps leave the load alone
+    monkeypatch.setattr(cost_model, "LOAD_RATE", 0.0)  # the probes' steps leave the load alone
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
     batch = seqs(p, 1, 0.6)
@@ -520,7 +521,7 @@ def test_the_next_probe_is_spaced_for_the_catch_up_its_gap_will_cost(per_entry, 
     fitted cost per entry (here 0.5x and 10x a step's budget), fit the budget. Scaled from a
     probe alone (as if its 20 entries were all it will ever feed), the next would come 110 or 300
     steps on."""
-    monkeypatch.setattr(policy, "LOAD_RATE", 0.0)  # the probes' untimed steps leave the load alone
+    monkeypatch.setattr(cost_model, "LOAD_RATE", 0.0)  # the probes' untimed steps leave the load alone
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
     batch = seqs(p, 1, 0.6)
@@ -623,7 +624,7 @@ def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain
     has SHAPE_SAMPLES fresh steps the curve says 2x, whatever the load did (here it swings 1-3x);
     stale steps are not evidence."""
     c = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2])
-    for i in range(policy.SHAPE_SAMPLES):
+    for i in range(cost_model.SHAPE_SAMPLES):
         load = 1 + 2 * (i % 2)
         for n, seconds in [(1, 1.0)] * (PLAIN_SETTLE + 1) + [(5, 2.0)]:
             c.observe_verify(n, seconds * load, plain=1)
@@ -631,7 +632,7 @@ def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain
     assert c.verify_at_calibration(5) / c.verify_at_calibration(1) == pytest.approx(2.0, rel=1e-6)
     assert c.verify_at_calibration(1) == 1.0  # the plain count is the anchor: contrasts never move it
     stale = CostModel([1, 8], [1.0, 1.1])
-    for n in [1] * (PLAIN_SETTLE + policy.SHAPE_SAMPLES) + [9] * policy.SHAPE_FRESH + [8] * policy.SHAPE_SAMPLES:
+    for n in [1] * (PLAIN_SETTLE + cost_model.SHAPE_SAMPLES) + [9] * cost_model.SHAPE_FRESH + [8] * cost_model.SHAPE_SAMPLES:
         stale.observe_shape(n, 3.0 if n == 8 else 1.0, plain=1)
     assert stale.seconds[stale.token_counts.index(8)] == 1.1  # the plain steps are too old to compare with
 
@@ -702,7 +703,7 @@ def test_a_proposal_for_more_rows_costs_a_share_of_a_row_per_extra_row():
     p.cost = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.3, 0.3))
     assert p.choose(seqs(p, 1, 0.9)) == [4]
     assert p.choose(seqs(p, 4, 0.9)) == [0] * 4
-    assert p.cost.draft(4, rows=4) == pytest.approx(1.5 * (1 + 3 * policy.ROW_SHARE))
+    assert p.cost.draft(4, rows=4) == pytest.approx(1.5 * (1 + 3 * cost_model.ROW_SHARE))
     c = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.1, 0.1))
     for _ in range(8):
         for depth in (2, 4):
@@ -713,7 +714,7 @@ def test_a_proposal_for_more_rows_costs_a_share_of_a_row_per_extra_row():
     only_eight = CostModel([1, 8, 64], [1.0, 1.05, 1.3], proposals=ProposalFit(0.1, 0.1))
     for _ in range(8):
         only_eight.observe_draft(4, 2.0, rows=8)  # one row count: the share stays, the level follows
-    assert only_eight.proposals.row_share == policy.ROW_SHARE and only_eight.draft(4, rows=8) == pytest.approx(2.0)
+    assert only_eight.proposals.row_share == cost_model.ROW_SHARE and only_eight.draft(4, rows=8) == pytest.approx(2.0)
 
 def test_proposals_timed_before_serving_start_the_fit():
     """The engine times proposals for one row and a full batch before serving: the fit starts
@@ -732,9 +733,9 @@ def test_the_curve_reads_its_points_non_decreasing():
     points (pooled), so the policy does not chase the dips; a start-up point yields to a
     measured one (5 tokens measured at 2.0 lift the start-up 8 tokens' 1.5)."""
     measured = [1.0] * 8
-    assert policy.rising([1.0, 2.0, 5.2, 4.2, 6.3, 7.7, 6.1, 7.1], measured) == pytest.approx(
+    assert cost_model.rising([1.0, 2.0, 5.2, 4.2, 6.3, 7.7, 6.1, 7.1], measured) == pytest.approx(
         [1.0, 2.0, 4.7, 4.7, 6.3, 6.9, 6.9, 7.1])
-    assert policy.rising([1.0, 2.0, 1.5], [1e-9, 1.0, 1e-9]) == pytest.approx([1.0, 2.0, 2.0])
+    assert cost_model.rising([1.0, 2.0, 1.5], [1e-9, 1.0, 1e-9]) == pytest.approx([1.0, 2.0, 2.0])
     c = CostModel([8, 14, 16, 17], [2.0, 5.2, 4.2, 6.3], measured={14, 16})
     assert c.verify_at_calibration(14) == pytest.approx(4.7) and c.verify_at_calibration(16) == pytest.approx(4.7)
     assert c.seconds == [2.0, 5.2, 4.2, 6.3]  # the points themselves stay what the steps said
@@ -818,7 +819,7 @@ def test_a_busy_spell_during_a_rare_counts_steps_does_not_price_it_above_the_com
     c = CostModel([1, 2, 4, 8], [true[1], true[2], true[4], true[8]])
     settled = [1] * (PLAIN_SETTLE + 1)  # plain steps, the last settled
     quiet = [n for _ in range(100) for n in (*settled, 5)]
-    busy = [n for _ in range(policy.SHAPE_SAMPLES - 1) for n in (*settled, 5, 4)]  # the rare count's steps, but one
+    busy = [n for _ in range(cost_model.SHAPE_SAMPLES - 1) for n in (*settled, 5, 4)]  # the rare count's steps, but one
     later = [n for _ in range(2) for n in [*settled, 5] * 5 + [4]]  # ... and two more once the spell is over
     for load, counts in ((1.0, quiet), (3.0, busy), (1.0, later)):
         for n in counts:
@@ -944,7 +945,7 @@ def test_a_batch_drafting_every_step_takes_its_curve_from_its_anchors():
     p.cost = CostModel([1, 2, 4, 8], [1.0, 1.02, 1.06, 1.1], proposals=ProposalFit(0.01, 0.01))
     [s] = seqs(p, 1, 0.95)
     cost = lambda n: 1.0 + 0.25 * (n - 1)  # noqa: E731
-    for _ in range(2 * PROBE_EVERY * (policy.SHAPE_SAMPLES + 2)):
+    for _ in range(2 * PROBE_EVERY * (cost_model.SHAPE_SAMPLES + 2)):
         [k] = p.choose([s])
         p.observe(StepRecord([s], [k], [k], [k], [1 if k else 0], propose_seconds=0.01, depth=k,
                              step_seconds=cost(1 + k), tokens=1 + k))

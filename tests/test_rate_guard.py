@@ -11,7 +11,8 @@ from typing import Hashable
 import pytest
 
 from specdec.core import policy, rate_guard
-from specdec.core.policy import CostModel, Policy, ProposalFit, SlotState, StepRecord
+from specdec.core.cost_model import CostModel, ProposalFit
+from specdec.core.policy import Policy, SlotState, StepRecord
 from specdec.core.rate_guard import GUARD_HOLD, GUARD_MIN_DRAFTED, GUARD_MIN_PLAIN, RateGuard
 from specdec.core.sampling import SamplingParams
 from specdec.core.sequence import Sequence

@@ -24,11 +24,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from specdec.core.cost_model import CostModel
 from specdec.core.errors import InvalidRequest, QueueTimeout
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.output import OutputStream
-from specdec.core.policy import CostModel, Policy, StepRecord
+from specdec.core.policy import Policy, StepRecord
 from specdec.core.proposers.base import Proposer, path_offsets
 from specdec.core.sampling import SamplingParams, mask_eos, probs, sample
 from specdec.core.sequence import Output, RequestStats, Sequence
