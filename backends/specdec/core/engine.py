@@ -449,8 +449,8 @@ class Engine:
         taken for 8 tokens before, read the cache of 2 sequences instead of 8: at batch 8 the
         curve put a k = 4 step (8 x 5) at 2.25x a plain one (8 x 1) where it ran 1.46x, and the
         draft model (1.3x at fixed k = 4) stayed off in some runs. `rows`: that many rows instead
-        (the bench's curve of one sequence; n / rows tokens a row must fit a slot's margin past
-        the context)."""
+        (the bench's curve of one sequence; its caller keeps n within half the context, where at
+        most a row's tokens start)."""
         rows = rows or min(n, self.max_batch)
         width = -(-n // rows)  # <= max_k + 1: calibration probes at most max_batch * (max_k + 1) tokens
         start = min(256, self.max_context // 2)

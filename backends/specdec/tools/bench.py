@@ -101,12 +101,11 @@ def verify_cost_curve(engine: Engine, max_tokens: int = 64, repeats: int = 5) ->
     """Target forward time over n tokens of one sequence relative to one token: the price of
     verifying a draft (the engine's start-up probe spreads tokens over its slots; this is one
     row). Timed as the bench's steps run: through the call its greedy steps take
-    (`Engine.probe_forward`), each count after forwards of its own (the fastest of `repeats`, after
-    as many untimed), counts in rising order. Through the separate forward, head and argmax, and
-    each count timed once a round in `CostModel.measure`'s rounds (one token right after 64,
-    which had evicted what it reads: 0.55-0.9 ms against 0.2 ms after one, on the demo kit on
-    AVX2), the curve printed 4 tokens at 1.17-1.4x one where the steps the bench then ran over 5
-    took 2.2-2.9x.
+    (`Engine.probe_forward`), each count the fastest of `repeats` forwards that follow as many of
+    its own. Timed through the separate forward, head and argmax, each count once per round of
+    `CostModel.measure` (one token right after 64, which had evicted what it reads, took 0.55-0.9
+    ms against 0.2 ms after one, on the demo kit on AVX2), the curve printed 4 tokens at
+    1.17-1.4x one where the bench's steps over 5 took 2.2-2.9x.
 
     Speculation pays when this stays near 1 (memory-bound decoding, as on GPUs); where it grows
     almost linearly (small models whose weights sit in CPU cache) every rejected token costs.
