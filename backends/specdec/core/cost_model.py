@@ -451,9 +451,7 @@ class CostModel:
 
     @classmethod
     def measure(cls, forward: Callable[[int], None], max_tokens: int, repeats: int = 5) -> "CostModel":
-        counts = [1]
-        while counts[-1] < max_tokens:
-            counts.append(min(counts[-1] * 2, max_tokens))
+        counts = doubling_counts(max_tokens)
         for n in counts:
             forward(n)  # warm-up
         # rounds over every count, the fastest of each count's repeats kept: a busy spell then slows
@@ -473,6 +471,14 @@ class CostModel:
             seconds[i] = min(seconds[i], seconds[i + 1])  # upward (preemption), so cap, don't carry up
         # until proposals are timed: a one-row proposer step costs a tenth of a one-token target step
         return cls(counts, seconds, proposals=ProposalFit(0.1 * seconds[0], 0.1 * seconds[0]))
+
+
+def doubling_counts(max_tokens: int) -> list[int]:
+    """The token counts a curve is timed at: 1, 2, 4, ... and `max_tokens` itself."""
+    counts = [1]
+    while counts[-1] < max_tokens:
+        counts.append(min(counts[-1] * 2, max_tokens))
+    return counts
 
 
 def interpolate(counts: list[int], seconds: list[float], n: int) -> float:

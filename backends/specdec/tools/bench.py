@@ -25,6 +25,7 @@ import torch
 
 from specdec.core.engine import PHASES, Engine, EngineMetrics
 from specdec.core.config import EngineConfig
+from specdec.core.cost_model import doubling_counts
 from specdec.core.engine_config import build_engine, freeze_heap
 from specdec.tools.arrivals import arrivals, repeated
 from specdec.tools.kit.evaluate import distinct_n
@@ -111,7 +112,7 @@ def verify_cost_curve(engine: Engine, max_tokens: int = 64, repeats: int = 5) ->
     almost linearly (small models whose weights sit in CPU cache) every rejected token costs.
     """
     bound = max(1, min(max_tokens, engine.max_context // 2))  # the probe starts at half the context at most
-    counts = [n for n in (2**i for i in range(bound.bit_length())) if n <= bound]
+    counts = doubling_counts(bound)
     seconds = []
     for n in counts:
         fastest = float("inf")
