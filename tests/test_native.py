@@ -135,11 +135,15 @@ def wide_vocab_target(tmp_path_factory, tokenizer_dir):
 STEP_CASES = CASES | {"short first row": (3, [0, 1, 2], None, [1, 3])}
 
 
+@pytest.mark.parametrize("kind", ["greedy", "logits"])
 @pytest.mark.parametrize("case", list(STEP_CASES))
-def test_a_greedy_step_in_one_call_equals_the_forward_head_and_argmax(wide_vocab_target, case):
-    """Bit for bit: `greedy_step` (embeddings, layers, head and argmax in one native call) gives
-    the hidden states, cache entries and argmax ids of `forward`, `logits` and torch's argmax
-    over the real tokens, for decode, chain and tree verification and padded rows."""
+def test_a_step_in_one_call_equals_the_forward_and_head(wide_vocab_target, case, kind):
+    """Bit for bit, for decode, chain and tree verification and padded rows: `greedy_step`
+    (embeddings, layers, head and argmax in one native call) gives the hidden states, cache
+    entries and argmax ids of `forward`, `logits` and torch's argmax over the real tokens;
+    `logits_step` (a step whose rows sample) the same hidden states and cache entries and the
+    logits of `forward` then `logits` ([B, T, V], or [real tokens, V] for padded rows, as the
+    engine's eager path returns them)."""
     model = load_model(wide_vocab_target)
     assert model.native_step is not None
     T, offsets, mask, lengths = STEP_CASES[case]
@@ -147,38 +151,22 @@ def test_a_greedy_step_in_one_call_equals_the_forward_head_and_argmax(wide_vocab
     positions = torch.tensor([[n + o for o in offsets] for n in PREFIX])
     masks = None if mask is None else mask.expand(2, -1, -1)
     real = torch.arange(T) < torch.tensor(lengths or [T, T])[:, None]
+    step = model.greedy_step if kind == "greedy" else model.logits_step
     with torch.no_grad():
         cache = prefilled(model, [0, 1])
         hidden = model(tokens, positions, cache, [0, 1], PREFIX, masks, lengths)
         argmax = model.logits(hidden[real]).argmax(-1).tolist()
+        logits = model.logits(hidden if lengths is None else hidden[real])
         one_call = prefilled(model, [0, 1])
-        h, ids = model.greedy_step(tokens.flatten().tolist(), positions.flatten().tolist(), 2, T, one_call, [0, 1],
-                                   PREFIX, masks, lengths)
-    assert torch.equal(h, hidden) and ids == argmax
+        h, out = step(tokens.flatten().tolist(), positions.flatten().tolist(), 2, T, one_call, [0, 1], PREFIX, masks,
+                      lengths)
+    assert torch.equal(h, hidden)
+    if kind == "greedy":
+        assert out == argmax
+    else:
+        assert out.shape == logits.shape and torch.equal(out, logits)
     assert torch.equal(one_call.k, cache.k) and torch.equal(one_call.v, cache.v)
 
-
-
-@pytest.mark.parametrize("case", list(STEP_CASES))
-def test_a_logits_step_in_one_call_equals_the_forward_and_head(wide_vocab_target, case):
-    """Bit for bit: `logits_step` (a step whose rows sample) gives the hidden states, cache
-    entries and logits of `forward` then `logits` over the real tokens ([B, T, V], or [real
-    tokens, V] for padded rows, as the engine's eager path returns them)."""
-    model = load_model(wide_vocab_target)
-    T, offsets, mask, lengths = STEP_CASES[case]
-    tokens = torch.tensor([[7, 11, 13, 17][:T], [19, 23, 29, 31][:T]])
-    positions = torch.tensor([[n + o for o in offsets] for n in PREFIX])
-    masks = None if mask is None else mask.expand(2, -1, -1)
-    with torch.no_grad():
-        cache = prefilled(model, [0, 1])
-        hidden = model(tokens, positions, cache, [0, 1], PREFIX, masks, lengths)
-        real = torch.arange(T) < torch.tensor(lengths)[:, None] if lengths else None
-        logits = model.logits(hidden if real is None else hidden[real])
-        one_call = prefilled(model, [0, 1])
-        h, native = model.logits_step(tokens.flatten().tolist(), positions.flatten().tolist(), 2, T, one_call, [0, 1],
-                                      PREFIX, masks, lengths)
-    assert torch.equal(h, hidden) and native.shape == logits.shape and torch.equal(native, logits)
-    assert torch.equal(one_call.k, cache.k) and torch.equal(one_call.v, cache.v)
 
 def test_a_greedy_step_without_a_native_head_is_left_to_the_caller(tiny_target):
     """A vocabulary the native head does not take (300: not a multiple of 16) has no one-call step."""
