@@ -542,9 +542,9 @@ def counted_searches(p: Policy, monkeypatch, probes: bool = False) -> list[int]:
     return searches
 
 
-def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_batch_changes(monkeypatch):
+def test_while_speculation_is_off_the_search_runs_every_few_steps_or_for_a_new_batch(monkeypatch):
     """Between probes a paused batch's inputs only drift, so the search (`best`) runs every
-    PAUSED_RECHECK steps, at once for a changed batch, and speculation resumes within those steps
+    PAUSED_RECHECK steps, at once for a new batch, and speculation resumes within those steps
     of starting to pay."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
@@ -553,15 +553,35 @@ def test_while_speculation_is_off_the_search_runs_every_few_steps_or_when_the_ba
     for _ in range(PROBE_EVERY - 1):
         assert p.choose(batch) == [0, 0]
     assert searches == list(range(1, PROBE_EVERY, PAUSED_RECHECK))
-    assert p.choose(batch[:1]) == [2] and searches[-1] == p.steps  # a new batch (a probe step: 2 deep)
+    assert p.choose(seqs(p, 1, 0.6)) == [2] and searches[-1] == p.steps  # a new batch (a probe step: 2 deep)
     p.cost = memory_bound()
     resumed = next(n for n in range(1, PAUSED_RECHECK + 2) if min(p.choose(batch)) > 0)
     assert resumed <= PAUSED_RECHECK
 
 
-def test_searches_of_a_paused_batch_back_off_until_it_changes_or_drafts(monkeypatch):
+def test_a_row_joining_or_leaving_a_paused_batch_keeps_its_schedule(monkeypatch):
+    """A newcomer starts at the engine-wide acceptance a paused row drifts to: a paused batch that
+    a row joins or leaves, the others running on, searches when its schedule says, not at once
+    (users' requests come and go every few steps), and its newcomer runs plain until then."""
+    p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
+    p.cost = compute_bound()
+    batch = seqs(p, 3, 0.6)
+    searches = counted_searches(p, monkeypatch)
+    assert p.choose(batch) == [0, 0, 0] and searches == [p.steps]
+    newcomer = Sequence("new", [1, 2], SamplingParams(), lambda o: None, slot=next(SLOTS))
+    changes = [batch[:2], batch[:2] + [newcomer], batch[1:] + [newcomer]]
+    p.admit(newcomer)
+    for rows in changes:
+        assert p.choose(rows) == [0] * len(rows)
+    assert searches == [p.steps - len(changes)]
+    while len(searches) == 1:
+        p.choose(changes[-1])
+    assert searches[-1] == searches[0] + PAUSED_RECHECK
+
+
+def test_searches_of_a_paused_batch_back_off_until_it_is_replaced_or_drafts(monkeypatch):
     """Each search that finds the same batch still off doubles the gap to the next, up to
-    PAUSED_RECHECK_MAX; a changed batch, or a step that drafted (a probe), searches at once and
+    PAUSED_RECHECK_MAX; a new batch, or a step that drafted (a probe), searches at once and
     starts the gaps again."""
     p = Policy(max_k=4, adaptive=True, depth_for=lambda k: k)
     p.cost = compute_bound()
@@ -572,14 +592,15 @@ def test_searches_of_a_paused_batch_back_off_until_it_changes_or_drafts(monkeypa
     gaps = [b - a for a, b in zip(searches, searches[1:])]
     assert gaps[:4] == [PAUSED_RECHECK, 2 * PAUSED_RECHECK, 4 * PAUSED_RECHECK, 8 * PAUSED_RECHECK]
     assert max(gaps) == PAUSED_RECHECK_MAX and gaps == sorted(gaps)
-    p.choose(batch[:1])  # a new batch: searched at once, and its gaps start again
+    fresh = seqs(p, 1, 0.6)
+    p.choose(fresh)  # a new batch: searched at once, and its gaps start again
     assert searches[-1] == p.steps
     searched = len(searches)
     for _ in range(PAUSED_RECHECK):
-        p.choose(batch[:1])
+        p.choose(fresh)
     assert searches[searched:] == [p.steps]
-    p.observe(StepRecord(batch[:1], [1], [1], [1], [1], propose_seconds=1e-4, depth=1, step_seconds=1e-3, tokens=2))
-    p.choose(batch[:1])  # after a step that drafted
+    p.observe(StepRecord(fresh, [1], [1], [1], [1], propose_seconds=1e-4, depth=1, step_seconds=1e-3, tokens=2))
+    p.choose(fresh)  # after a step that drafted
     assert searches[-1] == p.steps
 
 
@@ -1029,7 +1050,8 @@ def test_a_release_within_a_step_leaves_the_plain_steps_for_the_next_search():
     p.release(batch[1].slot)
     assert held and len(p.coasted) == held
     evidence = p.slots[batch[0].slot].accepted_n
-    p.choose(batch[:1])  # the batch changed: a search, after the steps are observed
+    p.recheck_at = p.steps + 1  # a search due: it observes the steps first
+    p.choose(batch[:1])
     assert not p.coasted and p.slots[batch[0].slot].accepted_n == pytest.approx(evidence * policy.DECAY ** held)
 
 

@@ -115,12 +115,17 @@ LONGEST_PROBE_GAP = 4096  # ... and past that, up to this, as far as a probe dra
 # 100-200 pairs, eager, against a 0.45-0.6 ms step): every 128 steps that was 13% of the run, and
 # with the native step (0.25 ms) every 1024 steps still 4-6% (10-22 ms a probe).
 PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches again after this
-# many steps, or when the batch changes, or after a step that drafted (a probe): in between only
-# the sequences' acceptances move, drifting towards the engine-wide one at DECAY per round (their
-# own evidence is 0.7^8 = 6% of what it was after 8), and the search every step was 5% of a 0.45 ms
-# step at batch 1. Each search that finds the same batch still off doubles the gap to the next, up
-# to PAUSED_RECHECK_MAX (nothing it reads moves until a probe drafts): every 8 steps the searches
-# of a paused batch of one were still 1% of a 0.25 ms step.
+# many steps, or for a new batch (no row of the last search's left), or after a step that drafted
+# (a probe): in between only the sequences' acceptances move, drifting towards the engine-wide one
+# at DECAY per round (their own evidence is 0.7^8 = 6% of what it was after 8), and the search
+# every step was 5% of a 0.45 ms step at batch 1. Each search that finds the same batch still off
+# doubles the gap to the next, up to PAUSED_RECHECK_MAX (nothing it reads moves until a probe
+# drafts): every 8 steps the searches of a paused batch of one were still 1% of a 0.25 ms step. A
+# row that joins or leaves a paused batch keeps its schedule: a newcomer starts at the engine-wide
+# acceptance the paused rows drift to, and owes its drafter a catch-up on its prompt. Searched at
+# each such change (every few steps with users' requests coming and going), the policy took 21-31
+# us of a 0.45-0.65 ms step at 3 and 4 users in-process against the baseline's 5-7; 10-17 so
+# (docs/engine.md, "A paused batch keeps its schedule when a row joins or leaves")
 PAUSED_RECHECK_MAX = 64
 PLAIN_TIMED = 16  # of a paused batch's plain steps observed together (`observe_unobserved`), only
 # the last this many are timed (and any within PAIR_GAP + PLAIN_SETTLE steps of a drafted one, a
@@ -415,6 +420,10 @@ class Policy:
             return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
         batch = [s.slot for s in seqs]
         kept = self.steps < self.recheck_at and batch == self.kept_batch
+        if (not kept and self.steps < self.recheck_at and not self.drafting_regime
+                and not set(batch).isdisjoint(self.kept_batch)):  # a paused batch a row joined or left
+            kept, self.kept_batch = True, batch  # keeps its schedule (PAUSED_RECHECK)
+            self.kept_ks = drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
         if kept and self.steps < self.next_probe:  # the same batch, not due for a search
             self.coasting = True
             if not self.drafting_regime and not any(self.kept_ks):
