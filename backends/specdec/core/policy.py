@@ -123,8 +123,8 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # drafts): every 8 steps the searches of a paused batch of one were still 1% of a 0.25 ms step. A
 # row that joins or leaves a paused batch keeps its schedule: a newcomer starts at the engine-wide
 # acceptance the paused rows drift to, and owes its drafter a catch-up on its prompt. Searched at
-# each such change (every few steps with users' requests coming and going), the policy took 21-31
-# us of a 0.45-0.65 ms step at 3 and 4 users in-process against the baseline's 5-7; 10-17 so
+# each such change (every few steps with users' requests coming and going), the policy took 22-31
+# us of a 0.5-0.65 ms step at 3 and 4 users in-process against the baseline's 6; 11-18 so
 # (docs/engine.md, "A paused batch keeps its schedule when a row joins or leaves")
 PAUSED_RECHECK_MAX = 64
 PLAIN_TIMED = 16  # of a paused batch's plain steps observed together (`observe_unobserved`), only
