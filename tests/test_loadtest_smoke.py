@@ -292,50 +292,61 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
     command's start once fired while Locust, slow to start on a loaded machine, had sent nothing:
     one clean-clone run saw no request given up)."""
     [stub] = noise.model_stubs(noise.server_pid(served.grpc_url), "baseline")
-    out = tmp_path / "samples.jsonl"
     prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n"])
-    before = scrape(served.metrics_url)
-    done, stopped = threading.Event(), []
 
     def cpu_ticks() -> int:  # the stub's user + system time, in clock ticks
         rest = Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()
         return int(rest[11]) + int(rest[12])
 
-    def stop_once_streaming() -> None:
-        while not done.wait(0.1):
-            if stats.metric_delta(before, scrape(served.metrics_url), "specdec:generation_tokens", model="baseline") > 0:
-                done.wait(1.5)
-                # stopped between two requests (a clean-clone run), the stub was reported "not
-                # healthy" to the next ones and no request was given up: stop it mid-stream, busy
-                # for most of the last 30 ms (an idle stub spends none)
-                last = cpu_ticks()
-                while not done.wait(0.03):
-                    now = cpu_ticks()
-                    if now - last >= 2:
-                        os.kill(stub, signal.SIGSTOP)
-                        stopped.append(time.monotonic() - t0)
-                        return
-                    last = now
-                return
+    def attempt(out: Path) -> tuple[float, list[float], collections.Counter, subprocess.CompletedProcess]:
+        before = scrape(served.metrics_url)
+        done, stopped = threading.Event(), []
 
-    stopper = threading.Thread(target=stop_once_streaming, daemon=True)
-    t0 = time.monotonic()
-    stopper.start()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
-             "GrpcStreamUser", "--headless", "-u", "1", "-r", "1", "--run-time", "8s", "--host", f"http://{served.http_url}",
-             "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--prompts-file", str(prompts),
-             "--request-timeout", "3", "--samples-out", str(out)],
-            capture_output=True, text=True, timeout=60, env=_locust_env())
-        took = time.monotonic() - t0
-    finally:
-        done.set()
-        stopper.join()
-        os.kill(stub, signal.SIGCONT)
-    errors = collections.Counter(s["error"] for s in stats.load_samples(out))
+        def stop_once_streaming() -> None:
+            while not done.wait(0.1):
+                if stats.metric_delta(before, scrape(served.metrics_url), "specdec:generation_tokens", model="baseline") > 0:
+                    done.wait(1.5)
+                    # stop it mid-stream, busy for most of the last 30 ms (an idle stub spends none)
+                    last = cpu_ticks()
+                    while not done.wait(0.03):
+                        now = cpu_ticks()
+                        if now - last >= 2:
+                            os.kill(stub, signal.SIGSTOP)
+                            stopped.append(time.monotonic() - t0)
+                            return
+                        last = now
+                    return
+
+        stopper = threading.Thread(target=stop_once_streaming, daemon=True)
+        t0 = time.monotonic()
+        stopper.start()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
+                 "GrpcStreamUser", "--headless", "-u", "1", "-r", "1", "--run-time", "8s", "--host", f"http://{served.http_url}",
+                 "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--prompts-file", str(prompts),
+                 "--request-timeout", "3", "--samples-out", str(out)],
+                capture_output=True, text=True, timeout=60, env=_locust_env())
+            took = time.monotonic() - t0
+        finally:
+            done.set()
+            stopper.join()
+            os.kill(stub, signal.SIGCONT)
+        return took, stopped, collections.Counter(s["error"] for s in stats.load_samples(out)), proc
+
+    # stopped between two requests (its last response sent, the next not yet in: 2 clean-clone runs
+    # of ~30), the stub is reported "not healthy" to the next ones and no request is in flight to give
+    # up; that attempt tested nothing, and the next one stops it again (the stub answers again once
+    # continued: the tests after this one pass on the same server)
+    for tries in range(1, 4):
+        took, stopped, errors, proc = attempt(tmp_path / f"samples{tries}.jsonl")
+        between = not errors["no response within 3 s"] and any(e and "not healthy" in e for e in errors)
+        if not between:
+            break
+        time.sleep(1.0)
     assert stopped, ("the server streamed nothing", took, errors, proc.stderr[-2000:])
-    assert took < 30 and errors["no response within 3 s"], (took, stopped, errors, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert took < 30 and errors["no response within 3 s"], (tries, took, stopped, errors, proc.stdout[-2000:],
+                                                            proc.stderr[-2000:])
 
 
 def test_a_stopped_server_unloads_the_canary_loaded_after_it_started(served, tmp_path):
