@@ -379,6 +379,10 @@ class Policy:
             return 0
         return self.max_k if k is None else min(k, self.max_k)
 
+    def ks_of(self, seqs: list[Sequence], k: int, rows: set[int]) -> list[int]:
+        """`drafting_ks` for these sequences' caps and pins: where `choose` has not read them already."""
+        return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], k, rows)
+
     @property
     def alpha(self) -> float:
         """The engine-wide acceptance of a greedy draft's first token: a greedy newcomer's, and
@@ -411,19 +415,18 @@ class Policy:
             slots, probe = self.follow_up
             self.follow_up = None
             self.regime = None
-            return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], probe,
-                               {i for i, s in enumerate(seqs) if s.slot in slots})
+            return self.ks_of(seqs, probe, {i for i, s in enumerate(seqs) if s.slot in slots})
         self.best_only = False
         self.anchoring = self.anchor_left > 0
         if self.anchor_left:  # an anchor runs on until its last plain step is settled (PLAIN_SETTLE, GUARD_SETTLE)
             self.anchor_left -= 1
-            return drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
+            return self.ks_of(seqs, 0, set())
         batch = [s.slot for s in seqs]
         kept = self.steps < self.recheck_at and batch == self.kept_batch
         if (not kept and self.steps < self.recheck_at and not self.drafting_regime
                 and not set(batch).isdisjoint(self.kept_batch)):  # a paused batch a row joined or left
             kept, self.kept_batch = True, batch  # keeps its schedule (PAUSED_RECHECK)
-            self.kept_ks = drafting_ks([self.cap(s) for s in seqs], [is_pinned(s) for s in seqs], 0, set())
+            self.kept_ks = self.ks_of(seqs, 0, set())
         if kept and self.steps < self.next_probe:  # the same batch, not due for a search
             self.coasting = True
             if not self.drafting_regime and not any(self.kept_ks):
