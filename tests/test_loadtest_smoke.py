@@ -334,10 +334,11 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
             os.kill(stub, signal.SIGCONT)
         return took, stopped, collections.Counter(s["error"] for s in stats.load_samples(out)), proc
 
-    # stopped between two requests (its last response sent, the next not yet in: 2 clean-clone runs
-    # of ~30), the stub is reported "not healthy" to the next ones and no request is in flight to give
-    # up; that attempt tested nothing, and the next one stops it again (the stub answers again once
-    # continued: the tests after this one pass on the same server)
+    # stopped between two requests (its last response sent, the next not yet in: a clean-clone run
+    # before 7ac89a1, and one at 7971b76 after it), the stub is reported "not healthy" to the next
+    # ones and no request is in flight to give up; that attempt tested nothing, and the next one
+    # stops it again (the stub answers again once continued: the tests after this one pass on the
+    # same server)
     for tries in range(1, 4):
         took, stopped, errors, proc = attempt(tmp_path / f"samples{tries}.jsonl")
         between = not errors["no response within 3 s"] and any(e and "not healthy" in e for e in errors)
