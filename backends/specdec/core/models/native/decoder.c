@@ -92,6 +92,19 @@ static inline void st(float *p, v16 v) { *(v16 *)p = v; }
 #define IN_REGISTER(v) (void)0
 #endif
 
+/* Each pass over h asks for the weights PREFETCH_H steps of h ahead (every cache line of its
+ * columns' row; a hint, computed as an integer: past the end it fetches a neighbour or nothing,
+ * never faults). A step's weights (7.3 MB for the demo kit's target) are streamed once per
+ * forward, after the Python, the attention and a drafter between two forwards have evicted them;
+ * the CPU's own prefetching left the 16-column passes waiting: with the hint a 5-token
+ * verification of the kit's target ran 1.17-1.20x faster on an AVX2 EPYC, one token 1.15-1.25x
+ * (`forward_ab --shapes`, two models alternating); 32 and 128 steps ahead ran 0.95-0.99x 64's.
+ * The AVX-512 kernels (a 64-column block a pass) hint only where a pass has 2 or more rows: on an
+ * AVX-512 EPYC (Zen 4) a batch of 8 one-token rows ran 1.05x faster with it (whole baseline
+ * engines, `forward_ab --method baseline --batch 8`, two runs of 40 rounds), while batch 1's
+ * one-row passes ran 0.97x with it and 1.00x without (`docs/engine.md`, "Weight prefetch in the
+ * AVX-512 kernels"). */
+#define PREFETCH_H 64
 /* out[r, ob .. ob + 16 NC) = bias + x[r] @ (the block at ob), for RB rows at once: each weight
  * vector is loaded once per RB rows, and each row's sums run over h in the same order for any RB.
  * WT: the weights' type (float or _Float16), widened to float by LOAD. */
@@ -104,6 +117,8 @@ static inline void st(float *p, v16 v) { *(v16 *)p = v; }
             acc[r][c] = bias ? ld(bias + ob + 16 * c) : (v16){0};                                \
         _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
             const WT *w = wt + ob * N + h * 16 * NC;                                             \
+            _Pragma("GCC unroll 4") for (int b = 0; RB > 1 && b < 16 * NC * (int)sizeof(WT); b += 64) \
+                __builtin_prefetch((const void *)((uintptr_t)w + PREFETCH_H * 16 * NC * sizeof(WT) + b), 0, 0); \
             v16 wv[NC];                                                                          \
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
                 wv[c] = LOAD(w + 16 * c);                                                        \
@@ -173,15 +188,6 @@ static inline v8 ld8_f16(const _Float16 *p) {
  * FMAs need: 5-40 rows of a matmul ran 1.6-1.7x slower (the same numbers, but for the sign of an
  * exact zero). */
 static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
-/* Each pass over h asks for the weights PREFETCH_H steps of h ahead (every cache line of its
- * columns' row; a hint, computed as an integer: past the end it fetches a neighbour or nothing,
- * never faults). A step's weights (7.3 MB for the demo kit's target) are streamed once per
- * forward, after the Python, the attention and a drafter between two forwards have evicted them;
- * the CPU's own prefetching left the 16-column passes waiting: with the hint a 5-token
- * verification of the kit's target ran 1.17-1.20x faster on an AVX2 EPYC, one token 1.15-1.25x
- * (`forward_ab --shapes`, two models alternating); 32 and 128 steps ahead ran 0.95-0.99x 64's.
- * The AVX-512 kernels above have no hint: not measured on such a CPU. */
-#define PREFETCH_H 64
 /* Keeps a loaded weight vector in a register where 3 or more rows use it: GCC folded float32
  * loads into every row's FMA (float16 ones pass through a conversion, and stayed in registers),
  * and float32 weights ran 3 and 4 rows at 49-53 GFLOP/s against 5-6 rows' 82-99; kept, 62-74 and
