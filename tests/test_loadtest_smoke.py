@@ -89,9 +89,12 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
         assert samples and f["locust_exit_code"] == 0
         for s in samples:  # what each user counted, response by response
             assert s["error"] is None
-            assert sum(n for _, n in s["chunks"]) == s["tokens"] <= MAX_TOKENS
+            assert sum(n for _, n in s["chunks"]) == s["tokens"] <= s["max_tokens"]
             if s["finish_reason"] == "length":
-                assert s["tokens"] == MAX_TOKENS
+                assert s["tokens"] == s["max_tokens"]
+        # each request asks its own length around --max-tokens (OUTPUT_SPREAD), drawn from its index
+        asked = {s["max_tokens"] for s in samples}
+        assert len(asked) > 1 and all(MAX_TOKENS * 0.75 - 0.5 <= t <= MAX_TOKENS * 1.25 + 0.5 for t in asked)
         # the users' token count equals the server's generation counter and Locust's own statistics
         streamed = sum(s["tokens"] for s in samples)
         assert f["client_output_tokens_all"] == streamed == f["server_output_tokens"]
@@ -192,13 +195,13 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     [cell] = report["cells"]
     assert cell["figures"]["locust_worker_exit_codes"] == [0]  # it quit with the master, not killed
     samples = stats.load_samples(out / cell["samples"])  # written by the master, sent by the worker
-    assert samples and all(s["error"] is None and s["tokens"] <= 10 for s in samples)
+    assert samples and all(s["error"] is None and s["tokens"] <= s["max_tokens"] <= 13 for s in samples)
     served_by = [s["served_model"] for s in samples]
     assert set(served_by) == {"baseline", "spec_draft"}
     assert abs(served_by.count("baseline") - served_by.count("spec_draft")) <= 2  # in flight at the end
     tokens = {}
     for s in samples:  # greedy: the speculative model streams exactly the baseline's tokens
-        tokens.setdefault(s["prompt_index"], set()).add(s["tokens"])
+        tokens.setdefault((s["prompt_index"], s["max_tokens"]), set()).add(s["tokens"])
     assert all(len(v) == 1 for v in tokens.values())
     seen = {m: served_requests(before, after, m) for m in ("baseline", "spec_draft")}
     generated = sum(stats.metric_delta(before, after, "specdec:generation_tokens", model=m)
@@ -269,7 +272,7 @@ def test_requests_cut_off_by_the_run_time_keep_their_samples(served, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
          "GrpcStreamUser", "--headless", "-u", "2", "-r", "2", "--run-time", "6s", "--host", f"http://{served.http_url}",
-         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--prompts-file", str(prompts),
+         "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "400", "--max-tokens-spread", "0", "--prompts-file", str(prompts),
          "--samples-out", str(out)],
         capture_output=True, text=True, timeout=180, env=_locust_env())
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
@@ -324,7 +327,7 @@ def test_a_request_that_never_answers_is_given_up_without_hanging_its_user(serve
             proc = subprocess.run(
                 [sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[1] / "loadtest" / "locustfile.py"),
                  "GrpcStreamUser", "--headless", "-u", "1", "-r", "1", "--run-time", "8s", "--host", f"http://{served.http_url}",
-                 "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--prompts-file", str(prompts),
+                 "--grpc-url", served.grpc_url, "--model", "baseline", "--max-tokens", "500", "--max-tokens-spread", "0", "--prompts-file", str(prompts),
                  "--request-timeout", "3", "--samples-out", str(out)],
                 capture_output=True, text=True, timeout=60, env=_locust_env())
             took = time.monotonic() - t0

@@ -359,6 +359,22 @@ def test_workload_grid():
     with pytest.raises(ValueError):
         Workload(sampling="hot")
     assert workloads(["short", "long"], ["short"], ["greedy"], prompts_file="mine.jsonl")[0].name.startswith("mine/")
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="spread"):
+            Workload(max_tokens_spread=bad)
+
+
+def test_each_request_asks_its_own_length_drawn_from_its_index():
+    """Closed-loop users asking one length run in lockstep (`OUTPUT_SPREAD`): each request asks
+    max_tokens x uniform(1 - spread, 1 + spread), the same for request i whichever model serves it."""
+    from specdec.tools.loadtest.workload import OUTPUT_SPREAD, request_tokens
+
+    lengths = [request_tokens(64, OUTPUT_SPREAD, i) for i in range(2000)]
+    assert lengths == [request_tokens(64, OUTPUT_SPREAD, i) for i in range(2000)]
+    assert min(lengths) == 48 and max(lengths) == 80 and len(set(lengths)) == 33
+    assert abs(sum(lengths) / len(lengths) - 64) < 1.0  # 64.5 for these 2000
+    assert [request_tokens(64, 0.0, i) for i in range(5)] == [64] * 5
+    assert min(request_tokens(1, 0.9, i) for i in range(100)) == 1  # never fewer than one token
 
 
 # ---- matrix plumbing ---------------------------------------------------------------------------------------
@@ -373,6 +389,7 @@ def test_locust_command_holds_the_workload_fixed(tmp_path):
     assert (args["-u"], args["-r"], args["--trial-plan"]) == ("4", "4", str(tmp_path / "plan.json"))
     assert int(args["--run-time"].rstrip("s")) >= 200  # a cap: the plan ends the run
     assert (args["--max-tokens"], args["--temperature"], args["--host"], args["--grpc-url"]) == ("128", "0.7", "http://h:2", "h:1")
+    assert float(args["--max-tokens-spread"]) == w.max_tokens_spread > 0
     with pytest.raises(ValueError, match="rounds"):
         MatrixConfig(models=["baseline"], rounds=0)
 

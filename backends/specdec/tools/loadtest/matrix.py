@@ -34,7 +34,8 @@ from specdec.serving.interface import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAUL
 from specdec.tools.loadtest import stats
 from specdec.tools.loadtest.intervals import mean_interval, paired_ratio
 from specdec.tools.loadtest.noise import server_pid
-from specdec.tools.loadtest.workload import OUTPUT_BANDS, PROMPT_BANDS, SAMPLING, Workload, prompts_for, workloads, write_prompts
+from specdec.tools.loadtest.workload import (OUTPUT_BANDS, OUTPUT_SPREAD, PROMPT_BANDS, SAMPLING, Workload, prompts_for,
+                                             workloads, write_prompts)
 
 LOCUSTFILE = Path(__file__).with_name("users.py")  # Locust loads the users module by path
 
@@ -173,6 +174,7 @@ def locust_command(cfg: MatrixConfig, users: int, workload: Workload, prompts_fi
            "-u", str(users), "-r", str(users), "--run-time", f"{run_time}s",
            "--stop-timeout", f"{cfg.stop_timeout_s:.0f}", "--host", http, "--grpc-url", cfg.grpc_url,
            "--trial-plan", str(plan_file), "--prompts-file", str(prompts_file), "--max-tokens", str(workload.tokens),
+           "--max-tokens-spread", str(workload.max_tokens_spread),
            "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", str(cfg.seed),
            "--samples-out", str(samples), "--only-summary", "--loglevel", "INFO"]
     if csv_prefix is not None:
@@ -397,6 +399,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma-separated of " + ", ".join(f"{k} ({v} tokens)" for k, v in OUTPUT_BANDS.items()) + " (default short)")
     m.add_argument("--sampling", default="greedy", help=f"comma-separated of {', '.join(SAMPLING)} (default greedy)")
     m.add_argument("--max-tokens", type=int, help="override the output bands' token count")
+    m.add_argument("--max-tokens-spread", type=float, default=OUTPUT_SPREAD,
+                   help="request i asks for the tokens x uniform(1 - spread, 1 + spread), the same for every model; "
+                        f"0 keeps closed-loop users in lockstep (default {OUTPUT_SPREAD})")
     m.add_argument("--prompts-file", help="your own JSONL of prompts ({\"prompt\": ...} per line)")
     m.add_argument("--prompts", type=int, default=32, help="held-out prompts per workload (default 32)")
     m.add_argument("--rounds", type=int, default=MatrixConfig.rounds,
@@ -419,7 +424,7 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
     return MatrixConfig(
         models=models, concurrency=[int(x) for x in a.concurrency.split(",")],
         workloads=workloads(a.prompt_bands.split(","), a.output_bands.split(","), a.sampling.split(","),
-                            a.max_tokens, a.prompts_file),
+                            a.max_tokens, a.prompts_file, a.max_tokens_spread),
         rounds=a.rounds, duration_s=a.duration, warmup_s=a.warmup, warmup_rounds=a.warmup_rounds,
         protocol=a.protocol, grpc_url=a.grpc_url, http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline,
         aa_model=aa_name(a.baseline) if a.aa else None, prompts=a.prompts, seed=a.seed, workers=a.workers, out=a.out)

@@ -214,8 +214,10 @@ def markdown(report: dict) -> str:
               f"- protocol: {s['protocol']}; prompts per workload: {s['prompts']} "
               f"(files: {', '.join(s['prompt_files'])}), seed {s['seed']}"]
     for w in s["workloads"]:
-        lines.append(f"- workload `{w['name']}`: max_tokens {w['max_tokens']}, temperature {w['temperature']}, "
-                     f"top_p {w['top_p']}")
+        spread = w.get("max_tokens_spread", 0.0)  # (reports before it: every request asked max_tokens)
+        lines.append(f"- workload `{w['name']}`: max_tokens {w['max_tokens']}"
+                     + (f" (each request +-{spread:.0%}, drawn per request)" if spread else "")
+                     + f", temperature {w['temperature']}, top_p {w['top_p']}")
     lines += ["", "Definitions: TTFT = request sent to first token; ITL = every gap between consecutive tokens "
               "(tokens in one response arrive together, gap 0); TPOT = (E2E - TTFT) / (tokens - 1) per request; "
               "accepted len = 1 + accepted draft tokens per verification round that drafted (server counters); "

@@ -49,6 +49,7 @@ from locust.exception import StopUser
 from specdec.serving.client import close_stream
 from specdec.serving.interface import DEFAULT_GRPC_URL, GRPC_PORT
 from specdec.serving.trtllm_llmapi import llmapi_body
+from specdec.tools.loadtest.workload import OUTPUT_SPREAD, check_spread, request_tokens
 
 if TYPE_CHECKING:
     from specdec.serving.client import Chunk
@@ -111,7 +112,10 @@ def _options(parser) -> None:
     g.add_argument("--canary-share", type=float, default=0.0, help="share of requests for --canary-model (0..1)")
     g.add_argument("--prompts-file", default="", help="JSONL with a \"prompt\" per line (default: held-out code)")
     g.add_argument("--prompt-band", default="short", choices=["short", "long"], help="held-out prompt length")
-    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--max-tokens", type=int, default=64, help="tokens a request asks for, on average (--max-tokens-spread)")
+    g.add_argument("--max-tokens-spread", type=float, default=OUTPUT_SPREAD,
+                   help=f"request i asks for max_tokens x uniform(1 - spread, 1 + spread), the same for every model "
+                        f"(0: all alike, which keeps closed-loop users in lockstep) (default {OUTPUT_SPREAD})")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -135,6 +139,7 @@ class _State:
         self.options = o
         self.prompts = _load_prompts(o)
         self.prompts_key = (o.prompts_file, o.prompt_band, o.seed)
+        check_spread(o.max_tokens_spread)
         self.counter = itertools.count()
         self.done = 0
         self.rng = random.Random(o.seed)
@@ -444,9 +449,10 @@ class _StreamingUser(User):
         i, model, trial = self.state.next_request()
         o = self.state.options
         prompts = self.state.prompts
-        sample = Sample(model, self.protocol, time.time(), i % len(prompts), o.max_tokens, o.temperature,
+        tokens = request_tokens(o.max_tokens, o.max_tokens_spread, i)
+        sample = Sample(model, self.protocol, time.time(), i % len(prompts), tokens, o.temperature,
                         worker=self.name, trial=trial)
-        body = {"text_input": prompts[i % len(prompts)], "max_tokens": o.max_tokens, "stream": True,
+        body = {"text_input": prompts[i % len(prompts)], "max_tokens": tokens, "stream": True,
                 "exclude_input_in_output": True, "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k}
         if o.temperature > 0:
             body["seed"] = o.seed + i
