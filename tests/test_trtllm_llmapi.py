@@ -153,7 +153,8 @@ from specdec.tools.loadtest import users
 class Probe(users.GrpcStreamUser):
     def __init__(self):  # no Locust environment: only the request building runs
         self.state = SimpleNamespace(
-            options=SimpleNamespace(interface="llmapi", max_tokens=8, temperature=0.8, top_p=1.0, top_k=0, seed=10,
+            options=SimpleNamespace(interface="llmapi", max_tokens=8, max_tokens_spread=0.0, temperature=0.8, top_p=1.0,
+                                    top_k=0, seed=10,
                                     request_timeout=1.0),
             prompts=["p0", "p1"], next_request=lambda: (1, "spec_eagle3", -1), record=lambda sample: None)
         self.name = "probe"
