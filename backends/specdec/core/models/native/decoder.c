@@ -82,8 +82,8 @@ static inline v16 ld_f16(const _Float16 *p) {  /* one vcvtph2ps where the CPU ha
 #endif
 }
 static inline void st(float *p, v16 v) { *(v16 *)p = v; }
-/* x in every lane, as one broadcast load. Written `(v16){0} + x`, kept before (as `bcast8` below
- * once was), it compiled to a scalar add and a register broadcast per row and step of h; as a
+/* x in every lane, as one broadcast load. Written `(v16){0} + x` before (as `bcast8` below once
+ * was), it compiled to a scalar add and a register broadcast per row and step of h; as a
  * broadcast load, on an AVX-512 EPYC (Zen 4) a warm 6-row 256 x 768 matmul ran 85 GFLOP/s
  * against 72 and 2 rows 59 against 42; forwards 1.01-1.05x (1 x 5: 1.04x), the prompt lookup
  * engine at batch 1 (k = 4) 1.03x [1.026, 1.043], plain batches of 1 and 8 1.00x and 0.99x
@@ -190,10 +190,10 @@ static inline v8 ld8_f16(const _Float16 *p) {
     return __builtin_convertvector(*(const h8 *)p, v8);
 #endif
 }
-/* x in every lane, as one broadcast load. Written `(v8){0} + x` (as the 16-float kernels still
- * are) it compiled to an add and a register broadcast per row and step of h, on the FP pipes the
- * FMAs need: 5-40 rows of a matmul ran 1.6-1.7x slower (the same numbers, but for the sign of an
- * exact zero). */
+/* x in every lane, as one broadcast load. Written `(v8){0} + x` (as the 16-float kernels were
+ * until `bcast16`) it compiled to an add and a register broadcast per row and step of h, on the FP
+ * pipes the FMAs need: 5-40 rows of a matmul ran 1.6-1.7x slower (the same numbers, but for the
+ * sign of an exact zero). */
 static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 /* Keeps a loaded weight vector in a register where 3 or more rows use it: GCC folded float32
  * loads into every row's FMA (float16 ones pass through a conversion, and stayed in registers),
