@@ -80,11 +80,10 @@ def workloads(prompt_bands: list[str], output_bands: list[str], samplings: list[
             for p in bands for o in output_bands for s in samplings]
 
 
-def check_spread(spread: float) -> float:
+def check_spread(spread: float) -> None:
     """A max_tokens spread must lie in [0, 1): at 1 a request could ask for no tokens."""
     if not 0.0 <= spread < 1.0:  # (NaN fails too)
         raise ValueError(f"max_tokens spread must be in [0, 1), got {spread!r}")
-    return spread
 
 
 def request_tokens(max_tokens: int, spread: float, index: int) -> int:
