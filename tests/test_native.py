@@ -323,6 +323,24 @@ def test_a_linear_sends_few_rows_to_the_native_matmul_and_many_to_onednn(monkeyp
         assert got == want, out_features
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_a_rows_matmul_numbers_do_not_depend_on_the_rows_beside_it(half):
+    """Bit for bit: each row of a matmul of 2-8 rows is that row's matmul alone, float16 and
+    float32 weights, 64-column blocks and a 16-column remainder. With AVX-512 a one-row pass
+    converts and multiplies 8 floats at a time and passes of more rows 16: each output's sum must
+    still add the same FMAs in the same order, or verification stops seeing the plain step's
+    numbers."""
+    torch.manual_seed(0)
+    weight = torch.randn(2 * 64 + 16, 96)
+    weight = weight.half().float() if half else weight
+    packed, bias, x = native.blocked(weight), torch.randn(weight.shape[0]), torch.randn(8, 96)
+    assert packed.dtype == (torch.float16 if half else torch.float32)
+    alone = torch.cat([native.matmul(x[r:r + 1], packed, bias, weight.shape[0]) for r in range(8)])
+    for rows in range(2, 9):
+        assert torch.equal(native.matmul(x[:rows], packed, bias, weight.shape[0]), alone[:rows]), rows
+    assert torch.allclose(alone, x @ weight.T + bias, atol=1e-4)
+
+
 @pytest.mark.parametrize("out_features", [16, 32, 48, 80])
 @pytest.mark.parametrize("half", [False, True])
 def test_outputs_narrower_than_a_64_column_block_are_computed(out_features, half):

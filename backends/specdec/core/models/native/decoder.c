@@ -110,8 +110,15 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
  * AVX-512 EPYC (Zen 4) a batch of 8 one-token rows ran 1.05x faster with it (whole baseline
  * engines, `forward_ab --method baseline --batch 8`, two runs of 40 rounds), while batch 1's
  * one-row passes ran 0.97x with it and 1.00x without (`docs/engine.md`, "Weight prefetch in the
- * AVX-512 kernels"). */
+ * AVX-512 kernels"). Nor does the 8-float one-row pass they use (`mm_1_4`) hint there: 55-62
+ * GFLOP/s with the hint 16-128 steps ahead against 79-83 without, the kit's 4-layer target's
+ * weight shapes streamed from L3 (a C harness over this file). */
 #define PREFETCH_H 64
+#if defined(__AVX512F__) /* passes of one row hint only without AVX-512 (above) */
+#define PREFETCH_ONE_ROW 0
+#else
+#define PREFETCH_ONE_ROW 1
+#endif
 /* out[r, ob .. ob + 16 NC) = bias + x[r] @ (the block at ob), for RB rows at once: each weight
  * vector is loaded once per RB rows, and each row's sums run over h in the same order for any RB.
  * WT: the weights' type (float or _Float16), widened to float by LOAD. */
@@ -124,7 +131,7 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
             acc[r][c] = bias ? ld(bias + ob + 16 * c) : (v16){0};                                \
         _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
             const WT *w = wt + ob * N + h * 16 * NC;                                             \
-            _Pragma("GCC unroll 4") for (int b = 0; RB > 1 && b < 16 * NC * (int)sizeof(WT); b += 64) \
+            _Pragma("GCC unroll 4") for (int b = 0; (RB > 1 || PREFETCH_ONE_ROW) && b < 16 * NC * (int)sizeof(WT); b += 64) \
                 __builtin_prefetch((const void *)((uintptr_t)w + PREFETCH_H * 16 * NC * sizeof(WT) + b), 0, 0); \
             v16 wv[NC];                                                                          \
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
@@ -139,9 +146,22 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]); \
     }
-/* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers */
-#define MM_KERNELS(WT, LOAD)                                                                     \
-    MM_KERNEL(1, 4, WT, LOAD) MM_KERNEL(2, 4, WT, LOAD) MM_KERNEL(3, 4, WT, LOAD)                \
+/* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers.
+ * One row passes through the 8-float kernel (`mm8_1x4`, below: 8 ymm accumulators). On an
+ * AVX-512 EPYC (Zen 4) 16-float conversions (vcvtph2ps zmm) bound a one-row pass: a loop of 4 of
+ * them and 4 FMAs, 64 columns a step of h, took ~7.3 cycles a step, one of 8 8-float conversions
+ * and 8 FMAs ~4.3. One-row float16 passes ran 50-54 GFLOP/s, warm or from L3, and 85-93 warm,
+ * 80-83 from L3 through 8 floats (float32 weights 1.00x warm, 1.12x from L3; a C harness over this
+ * file, the kit's target's shapes). More rows are bound by their FMAs, not the conversions: 2 rows
+ * converting 8 floats at a time ran 1.02x (the loop alone). The sums are the same bit for bit:
+ * each output still adds one FMA a step of h, in order, in one accumulator. */
+#define MM_KERNELS(WT, LOAD, LOAD8)                                                              \
+    MM8_KERNEL(1, 4, WT, LOAD8)                                                                  \
+    static void mm_1_4_##LOAD(const float *x, int64_t N, const WT *wt, int64_t M, int64_t ob,    \
+                              const float *bias, float *out) {                                   \
+        mm8_1x4_##LOAD8(x, N, wt + ob * N, 64, bias ? bias + ob : NULL, out + ob, M);            \
+    }                                                                                            \
+    MM_KERNEL(2, 4, WT, LOAD) MM_KERNEL(3, 4, WT, LOAD)                                          \
     MM_KERNEL(4, 4, WT, LOAD) MM_KERNEL(5, 4, WT, LOAD) MM_KERNEL(6, 4, WT, LOAD)                \
     MM_KERNEL(1, 1, WT, LOAD) MM_KERNEL(2, 1, WT, LOAD) MM_KERNEL(3, 1, WT, LOAD)                \
     MM_KERNEL(4, 1, WT, LOAD) MM_KERNEL(5, 1, WT, LOAD) MM_KERNEL(6, 1, WT, LOAD)                \
@@ -170,17 +190,15 @@ static inline int64_t row_block(int64_t left) {
     int64_t passes = (left + ROWS - 1) / ROWS;
     return (left + passes - 1) / passes;
 }
-#if defined(__AVX512F__)
-MM_KERNELS(float, ld_f32)
-MM_KERNELS(_Float16, ld_f16)
-#else
-/* Without AVX-512 a v16 is two ymm registers, and GCC lowered the kernels above badly: it kept
- * the accumulators in memory and broadcast each x through 16 scalar stores (on an AVX2 EPYC one
- * row of a 1536 x 256 matmul took 191 us, F.linear's 8x, and 6 rows 6x that). These work on
- * 8-float halves, one 16-column unit c of a block at a time (its weights at stride 16 NC floats a
- * step of h): RB rows x 2 halves are 2 RB ymm accumulators, beside 2 weight halves and a
- * broadcast, so 6 rows fit 16 registers. Every output's sum runs over h in the same order, with
- * the same FMAs, for any RB: results do not depend on the rows beside a row. */
+/* 8-float kernels (one ymm register a vector). Without AVX-512 they are the matmul: a v16 is two
+ * ymm registers there, and GCC lowered the 16-float kernels above badly: it kept the accumulators
+ * in memory and broadcast each x through 16 scalar stores (on an AVX2 EPYC one row of a
+ * 1536 x 256 matmul took 191 us, F.linear's 8x, and 6 rows 6x that). With AVX-512 they take a
+ * one-row pass (`mm_1_4`, above). They work on 8-float halves, one 16-column unit c of a block at
+ * a time (its weights at stride 16 NC floats a step of h): RB rows x 2 halves are 2 RB ymm
+ * accumulators, beside 2 weight halves and a broadcast, so 6 rows fit 16 registers. Every
+ * output's sum runs over h in the same order, with the same FMAs, for any RB: results do not
+ * depend on the rows beside a row. */
 static inline v8 ld8_f32(const float *p) { return *(const v8 *)p; }
 static inline v8 ld8_f16(const _Float16 *p) {
 #if defined(__F16C__)
@@ -227,7 +245,7 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
             acc[r][q] = bias ? ld8_f32(bias + 8 * q) : (v8){0};                                  \
         _Pragma("GCC unroll 1") for (int64_t h = 0; h < N; h++) {                                \
             v8 wv[2 * U];                                                                        \
-            _Pragma("GCC unroll 4") for (int b = 0; b < 16 * U * (int)sizeof(WT); b += 64)       \
+            _Pragma("GCC unroll 4") for (int b = 0; (RB > 1 || PREFETCH_ONE_ROW) && b < 16 * U * (int)sizeof(WT); b += 64) \
                 __builtin_prefetch((const void *)((uintptr_t)(w + h * S) + PREFETCH_H * S * sizeof(WT) + b), 0, 0); \
             if (RB > 2 && U > 1) { /* a unit at a time, each row's input broadcast again (above) */ \
                 _Pragma("GCC unroll 4") for (int c = 0; c < U; c++) {                            \
@@ -255,6 +273,10 @@ static inline v8 bcast8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 8") for (int q = 0; q < 2 * U; q++) *(v8 *)(out + r * M + 8 * q) = acc[r][q]; \
     }
+#if defined(__AVX512F__)
+MM_KERNELS(float, ld_f32, ld8_f32)
+MM_KERNELS(_Float16, ld_f16, ld8_f16)
+#else
 /* U 16-column units at once where few rows leave registers free: one row's 2 accumulators are a
  * chain of dependent FMAs (a one-row matmul waited on their latency), 4 units give it 8. Each
  * output's sum still runs over h in order in one accumulator, whatever RB and U. */
