@@ -157,3 +157,19 @@ def test_a_large_model_sends_single_rows_to_its_packed_weights_a_small_one_keeps
                 assert torch.allclose(layer(x), torch.nn.functional.linear(x, model.weight, model.bias), atol=1e-4)
                 got.append(len(packed_calls) - before)
             assert got == want
+
+
+def test_loading_a_checkpoint_leaves_torch_dynamo_unimported(tiny_target):
+    """Loading builds the model on the meta device without its default init: nn.Embedding's
+    `normal_` on a meta tensor imported torch._dynamo, most of a second of every process that
+    loads a model (a Triton model's stub, the bench). In a fresh process, as a stub loads one."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from specdec.core.models.checkpoint import load_model; "
+            f"m = load_model({str(tiny_target)!r}); "
+            "assert m.model.embed_tokens.weight.abs().sum() > 0; "
+            "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

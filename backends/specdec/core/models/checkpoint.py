@@ -55,7 +55,7 @@ def load_model(
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config, initialize=False)
     model = model.to_empty(device=device)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
