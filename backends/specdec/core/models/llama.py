@@ -281,7 +281,7 @@ def run_decoder(
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, initialize: bool = True) -> None:
         super().__init__()
-        # not initialized (`LlamaForCausalLM`'s `initialize`): given its weight as allocated
+        # initialize=False: an allocated weight, not drawn (`LlamaForCausalLM`)
         weight = None if initialize else torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
