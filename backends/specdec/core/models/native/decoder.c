@@ -110,7 +110,7 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
  * AVX-512 EPYC (Zen 4) a batch of 8 one-token rows ran 1.05x faster with it (whole baseline
  * engines, `forward_ab --method baseline --batch 8`, two runs of 40 rounds), while batch 1's
  * one-row passes ran 0.97x with it and 1.00x without (`docs/engine.md`, "Weight prefetch in the
- * AVX-512 kernels"). Nor does the 8-float one-row pass they use (`mm_1_4`) hint there: 55-62
+ * AVX-512 kernels"). Nor does the 8-float one-row pass of Zen 4 (`ONE_ROW_KERNEL`) hint: 55-62
  * GFLOP/s with the hint 16-128 steps ahead against 79-83 without, the kit's 4-layer target's
  * weight shapes streamed from L3 (a C harness over this file). */
 #define PREFETCH_H 64
@@ -146,21 +146,30 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]); \
     }
-/* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers.
- * One row passes through the 8-float kernel (`mm8_1x4`, below: 8 ymm accumulators). On an
- * AVX-512 EPYC (Zen 4) 16-float conversions (vcvtph2ps zmm) bound a one-row pass: a loop of 4 of
- * them and 4 FMAs, 64 columns a step of h, took ~7.3 cycles a step, one of 8 8-float conversions
- * and 8 FMAs ~4.3. One-row float16 passes ran 50-54 GFLOP/s, warm or from L3, and 85-93 warm,
- * 80-83 from L3 through 8 floats (float32 weights 1.00x warm, 1.12x from L3; a C harness over this
- * file, the kit's target's shapes). More rows are bound by their FMAs, not the conversions: 2 rows
- * converting 8 floats at a time ran 1.02x (the loop alone). The sums are the same bit for bit:
- * each output still adds one FMA a step of h, in order, in one accumulator. */
-#define MM_KERNELS(WT, LOAD, LOAD8)                                                              \
+/* One row of a 64-column block on AMD Zen 4 (which GCC 12 calls znver3, with AVX-512, and GCC 13
+ * znver4) passes through the 8-float kernel (`mm8_1x4`, below: 8 ymm accumulators). Zen 4 runs
+ * 512-bit operations on 256-bit halves, and its 16-float conversions (vcvtph2ps zmm) bound a
+ * one-row pass: a loop of 4 of them and 4 FMAs, 64 columns a step of h, took ~7.3 cycles a step,
+ * one of 8 8-float conversions and 8 FMAs ~4.3. One-row float16 passes ran 50-54 GFLOP/s, warm or
+ * from L3, and 85-93 warm, 80-83 from L3 through 8 floats (float32 weights 1.00x warm, 1.12x from
+ * L3; a C harness over this file, the kit's target's shapes). Not on other AVX-512 CPUs: where a
+ * 16-float conversion issues every cycle (Intel's), 8 8-float ones would take twice the 4
+ * 16-float ones; not measured there. More rows are bound by their FMAs, not the conversions: 2
+ * rows converting 8 floats at a time ran 1.02x (the loop alone). The sums are the same bit for
+ * bit either way: each output adds one FMA a step of h, in order, in one accumulator. */
+#if defined(__znver3__) || defined(__znver4__)
+#define ONE_ROW_KERNEL(WT, LOAD, LOAD8)                                                          \
     MM8_KERNEL(1, 4, WT, LOAD8)                                                                  \
     static void mm_1_4_##LOAD(const float *x, int64_t N, const WT *wt, int64_t M, int64_t ob,    \
                               const float *bias, float *out) {                                   \
         mm8_1x4_##LOAD8(x, N, wt + ob * N, 64, bias ? bias + ob : NULL, out + ob, M);            \
-    }                                                                                            \
+    }
+#else
+#define ONE_ROW_KERNEL(WT, LOAD, LOAD8) MM_KERNEL(1, 4, WT, LOAD)
+#endif
+/* up to 6 rows x 64 outputs: 24 accumulators and 4 weight vectors fit AVX-512's 32 registers */
+#define MM_KERNELS(WT, LOAD, LOAD8)                                                              \
+    ONE_ROW_KERNEL(WT, LOAD, LOAD8)                                                              \
     MM_KERNEL(2, 4, WT, LOAD) MM_KERNEL(3, 4, WT, LOAD)                                          \
     MM_KERNEL(4, 4, WT, LOAD) MM_KERNEL(5, 4, WT, LOAD) MM_KERNEL(6, 4, WT, LOAD)                \
     MM_KERNEL(1, 1, WT, LOAD) MM_KERNEL(2, 1, WT, LOAD) MM_KERNEL(3, 1, WT, LOAD)                \
@@ -193,8 +202,8 @@ static inline int64_t row_block(int64_t left) {
 /* 8-float kernels (one ymm register a vector). Without AVX-512 they are the matmul: a v16 is two
  * ymm registers there, and GCC lowered the 16-float kernels above badly: it kept the accumulators
  * in memory and broadcast each x through 16 scalar stores (on an AVX2 EPYC one row of a
- * 1536 x 256 matmul took 191 us, F.linear's 8x, and 6 rows 6x that). With AVX-512 they take a
- * one-row pass (`mm_1_4`, above). They work on 8-float halves, one 16-column unit c of a block at
+ * 1536 x 256 matmul took 191 us, F.linear's 8x, and 6 rows 6x that). With AVX-512 on Zen 4 they
+ * take a one-row pass (`ONE_ROW_KERNEL`, above). They work on 8-float halves, one 16-column unit c of a block at
  * a time (its weights at stride 16 NC floats a step of h): RB rows x 2 halves are 2 RB ymm
  * accumulators, beside 2 weight halves and a broadcast, so 6 rows fit 16 registers. Every
  * output's sum runs over h in the same order, with the same FMAs, for any RB: results do not
