@@ -146,8 +146,8 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) st(out + r * M + ob + 16 * c, acc[r][c]); \
     }
-/* One row of a 64-column block on AMD Zen 4 (which GCC 12 calls znver3, with AVX-512, and GCC 13
- * znver4) passes through the 8-float kernel (`mm8_1x4`, below: 8 ymm accumulators). Zen 4 runs
+/* One row of a 64-column block on AMD Zen 4 (which GCC 12.2 calls znver3, with AVX-512, and newer
+ * GCC znver4) passes through the 8-float kernel (`mm8_1x4`, below: 8 ymm accumulators). Zen 4 runs
  * 512-bit operations on 256-bit halves, and its 16-float conversions (vcvtph2ps zmm) bound a
  * one-row pass: a loop of 4 of them and 4 FMAs, 64 columns a step of h, took ~7.3 cycles a step,
  * one of 8 8-float conversions and 8 FMAs ~4.3. One-row float16 passes ran 50-54 GFLOP/s, warm or
