@@ -326,9 +326,9 @@ def test_a_linear_sends_few_rows_to_the_native_matmul_and_many_to_onednn(monkeyp
 @pytest.mark.parametrize("half", [False, True])
 def test_a_rows_matmul_numbers_do_not_depend_on_the_rows_beside_it(half):
     """Bit for bit: each row of a matmul of 2-8 rows is that row's matmul alone, float16 and
-    float32 weights, 64-column blocks and a 16-column remainder. With AVX-512 a one-row pass
-    converts and multiplies 8 floats at a time and passes of more rows 16: each output's sum must
-    still add the same FMAs in the same order, or verification stops seeing the plain step's
+    float32 weights, 64-column blocks and a 16-column remainder. With AVX-512 on Zen 4 a one-row
+    pass converts and multiplies 8 floats at a time and passes of more rows 16: each output's sum
+    must still add the same FMAs in the same order, or verification stops seeing the plain step's
     numbers."""
     torch.manual_seed(0)
     weight = torch.randn(2 * 64 + 16, 96)

@@ -203,11 +203,11 @@ static inline int64_t row_block(int64_t left) {
  * ymm registers there, and GCC lowered the 16-float kernels above badly: it kept the accumulators
  * in memory and broadcast each x through 16 scalar stores (on an AVX2 EPYC one row of a
  * 1536 x 256 matmul took 191 us, F.linear's 8x, and 6 rows 6x that). With AVX-512 on Zen 4 they
- * take a one-row pass (`ONE_ROW_KERNEL`, above). They work on 8-float halves, one 16-column unit c of a block at
- * a time (its weights at stride 16 NC floats a step of h): RB rows x 2 halves are 2 RB ymm
- * accumulators, beside 2 weight halves and a broadcast, so 6 rows fit 16 registers. Every
- * output's sum runs over h in the same order, with the same FMAs, for any RB: results do not
- * depend on the rows beside a row. */
+ * take a one-row pass (`ONE_ROW_KERNEL`, above). They work on 8-float halves, one 16-column unit
+ * c of a block at a time (its weights at stride 16 NC floats a step of h): RB rows x 2 halves are
+ * 2 RB ymm accumulators, beside 2 weight halves and a broadcast, so 6 rows fit 16 registers.
+ * Every output's sum runs over h in the same order, with the same FMAs, for any RB: results do
+ * not depend on the rows beside a row. */
 static inline v8 ld8_f32(const float *p) { return *(const v8 *)p; }
 static inline v8 ld8_f16(const _Float16 *p) {
 #if defined(__F16C__)
