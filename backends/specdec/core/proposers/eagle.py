@@ -25,8 +25,8 @@ from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
-from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, next_draft_tokens,
-                                        path_features, restart_at_window, window_positions)
+from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, feature_addresses,
+                                        next_draft_tokens, path_features, restart_at_window, window_positions)
 from specdec.core.sequence import Sequence
 from specdec.core.verify import Draft
 from specdec.core.proposers.draft_model import pad_batch
@@ -101,31 +101,34 @@ class EagleProposer:
         """Pairs not fed yet: pair t is (feature_t, token_t+1), so they run up to the root's."""
         return catch_up_length(len(seq.tokens) - 1, self.fed[seq.slot])
 
-    def pending_features(self, seq: Sequence) -> Tensor:
-        """The sequence's pending true features, at most CATCH_UP_WINDOW pairs: past that the cache
-        restarts at the window's first pair (`shift`), and the blocks before it are never made."""
+    def pending_blocks(self, seq: Sequence) -> list[tuple[Tensor, int, tuple[int, ...] | range, int]]:
+        """The sequence's pending true features as blocks (hidden, row, path, first): each block's
+        are `path_features(hidden, row, path)[first:]`. At most CATCH_UP_WINDOW pairs: past that the
+        cache restarts at the window's first pair (`shift`), and the blocks before it are dropped."""
         drop = restart_at_window(self.fed, self.shift, seq.slot, len(seq.tokens) - 1)
         kept = []
         for n, hidden, row, path in self.pending[seq.slot]:
             if drop < n:
-                kept.append(path_features(hidden, row, path)[drop:])
+                kept.append((hidden, row, path, drop))
             drop = max(drop - n, 0)
-        return torch.cat(kept)
+        return kept
 
-    def catch_up_inputs(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[Tensor], list[int]]:
-        """Every sequence's pending pairs, now counted as fed: their tokens, their true features
-        [n, H] and the window position of the first."""
-        feats = [self.pending_features(s) for s in seqs]
+    def catch_up_inputs(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[tuple]], list[int]]:
+        """Every sequence's pending pairs, now counted as fed: their tokens, their true features'
+        blocks (`pending_blocks`) and the window position of the first."""
+        blocks = [self.pending_blocks(s) for s in seqs]
         starts = [self.fed[s.slot] for s in seqs]
-        tokens = [s.tokens[st + 1 : st + 1 + len(f)] for s, st, f in zip(seqs, starts, feats)]
+        counts = [sum(1 + len(path) - first for _, _, path, first in b) for b in blocks]
+        tokens = [s.tokens[st + 1 : st + 1 + n] for s, st, n in zip(seqs, starts, counts)]
         at = window_positions(self.shift, seqs, starts)
-        for s, st, f in zip(seqs, starts, feats):
-            self.fed[s.slot] = st + len(f)
+        for s, st, n in zip(seqs, starts, counts):
+            self.fed[s.slot] = st + n
             self.pending[s.slot] = []
-        return tokens, feats, at
+        return tokens, blocks, at
 
-    def catch_up(self, seqs: list[Sequence], tokens: list[list[int]], feats: list[Tensor], at: list[int]) -> Tensor:
+    def catch_up(self, seqs: list[Sequence], tokens: list[list[int]], blocks: list[list[tuple]], at: list[int]) -> Tensor:
         """Feed every sequence's pending pairs (`catch_up_inputs`); return the predicted feature of its root."""
+        feats = [torch.cat([path_features(hidden, row, path)[first:] for hidden, row, path, first in b]) for b in blocks]
         device = self.head.fc.weight.device
         padded = pad_batch(tokens, device)
         width = padded.shape[1]
@@ -142,13 +145,14 @@ class EagleProposer:
             return drafts
         batch, batch_ks = [seqs[b] for b in active], [ks[b] for b in active]
         fed, rows = catch_up_rows(seqs, ks, self.backlog)
-        tokens, feats, at = self.catch_up_inputs(fed)
+        tokens, blocks, at = self.catch_up_inputs(fed)  # `blocks` keeps the features alive through the call
         if self.chain is not None and self.chain.takes(batch, tokens):
-            chains = self.chain(tokens, at, feats, rows, batch_ks, self.head.rope, self.cache, [s.slot for s in fed],
+            pairs = [a for b in blocks for hidden, row, path, first in b for a in feature_addresses(hidden, row, path)[first:]]
+            chains = self.chain(tokens, at, pairs, rows, batch_ks, self.head.rope, self.cache, [s.slot for s in fed],
                                 eos_until(fed, self.eos_ids), self.eos_ids)
             found = [Draft.chain(t, None) for t in chains]
         else:
-            root_features = self.catch_up(fed, tokens, feats, at)[torch.tensor(rows, device=self.head.fc.weight.device)]
+            root_features = self.catch_up(fed, tokens, blocks, at)[torch.tensor(rows, device=self.head.fc.weight.device)]
             found = (self.tree_drafts(batch, root_features, batch_ks) if self.tree
                      else self.chain_drafts(batch, root_features, batch_ks))
         for b, d in zip(active, found):

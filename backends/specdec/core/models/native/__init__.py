@@ -352,33 +352,31 @@ class NativeChain:
             raise RuntimeError(f"native target step failed with code {rc}")
         return x
 
-    def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[Tensor] | None, drafting: list[int],
+    def __call__(self, pending: list[list[int]], starts: list[int], pairs: list[int] | None, drafting: list[int],
                  draft_ks: list[int], rope: "RopeTable", cache: "KVCache", slots: list[int],
                  eos_until: list[int], eos_ids: list[int]) -> list[list[int]]:
-        """Row b feeds its pending tokens (EAGLE: each paired with a true feature, pairs[b] [n, H])
-        at window positions starts[b] .. of slots[b]; rows drafting[i] then draft draft_ks[i]
-        tokens each (the others only catch up), returned in that order. EOS is skipped at depths
-        <= eos_until[b]. `rope`: the drafter's `RopeTable`."""
+        """Row b feeds its pending tokens (EAGLE: each paired with a true feature: `pairs`, the
+        address of each pending token's H float32s, every row's in order, kept alive by the
+        caller: `feature_addresses`) at window positions starts[b] .. of slots[b]; rows
+        drafting[i] then draft draft_ks[i] tokens each (the others only catch up), returned in
+        that order. EOS is skipped at depths <= eos_until[b]. `rope`: the drafter's `RopeTable`."""
         B, T = len(pending), max(map(len, pending))
         ks = [0] * B
         for b, k in zip(drafting, draft_ks):
             ks[b] = k
         cos, sin = rope.table(max(s + len(p) + k for s, p, k in zip(starts, pending, ks)), cache.k)
         width = max(max(ks), 1)
-        out = torch.empty(B, width, dtype=torch.int64)
+        out = (ctypes.c_int64 * (B * width))()
         i64 = ctypes.c_int64 * B
         tokens = (ctypes.c_int64 * (B * T))(*[t for p in pending for t in p + [0] * (T - len(p))])
-        if pairs is not None:
-            pairs = [f.contiguous() for f in pairs]
-            pair_ptrs = (ctypes.c_void_p * B)(*[f.data_ptr() for f in pairs])
         eos = (ctypes.c_int64 * max(len(eos_ids), 1))(*eos_ids)
         k, v = cache.k, cache.v
         rc = self.decoder.lib.specdec_greedy_draft(
             self.decoder.decoder_ptr, self.chain_ptr, B, T, tokens, i64(*map(len, pending)), i64(*starts),
-            None if pairs is None else pair_ptrs, i64(*ks), cos.data_ptr(), sin.data_ptr(),
-            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*eos_until), eos,
-            len(eos_ids), out.data_ptr())
+            None if pairs is None else (ctypes.c_void_p * len(pairs))(*pairs), i64(*ks), cos.data_ptr(),
+            sin.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*eos_until), eos,
+            len(eos_ids), out)
         if rc != 0:
             raise RuntimeError(f"native chain failed with code {rc}")
-        rows = out.tolist()
-        return [rows[b][:k] for b, k in zip(drafting, draft_ks)]
+        flat = list(out)
+        return [flat[b * width : b * width + k] for b, k in zip(drafting, draft_ks)]

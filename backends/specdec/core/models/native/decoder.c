@@ -932,7 +932,8 @@ static void chain_input(const Chain *c, int64_t tok, const float *feature, int64
 
 /* A greedy chain drafter's proposal in one call: its catch-up, then its chains. Row b feeds its
  * lengths[b] pending entries (`tokens` [B, T], right-padded; with `fc`, EAGLE-1's, each paired
- * with a true feature, pairs[b] [lengths[b], H]) at window positions starts[b] .. (as
+ * with a true feature: pairs[n] its H floats, n counting the entries of every row in order) at
+ * window positions starts[b] .. (as
  * `proposers.base.window_positions`) of slot slots[b], then drafts ks[b] tokens (0: it only
  * catches up): each the argmax of the output head over the forward before, the next fed one
  * position further. Without `fc` (a draft model) a forward's input is the token's embedding and
@@ -969,7 +970,7 @@ int specdec_greedy_draft(
             int64_t tok = tokens[b * T + i];
             pos[b * T + i] = starts[b] + i;
             if (tok < 0 || tok >= V) { rc = -3; break; }
-            chain_input(c, tok, c->fc ? pairs[b] + i * H : NULL, H, x + (b * T + i) * H, c->fc ? cat + n * 2 * H : NULL);
+            chain_input(c, tok, c->fc ? pairs[n] : NULL, H, x + (b * T + i) * H, c->fc ? cat + n * 2 * H : NULL);
         }
     if (rc == 0 && c->fc) {
         float *projected = cat + R * 2 * H;
