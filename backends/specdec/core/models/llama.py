@@ -64,6 +64,8 @@ class RopeTable:
     def __init__(self, config: LlamaConfig) -> None:
         self.config = config  # (models are built on the meta device: nothing is computed here)
         self.cos = self.sin = None
+        self.native: tuple[Tensor, Tensor] | None = None  # float32 CPU tables a native forward reads
+        self.native_addresses, self.native_rows = (0, 0), 0
 
     def __call__(self, positions: Tensor, bound: int, like: Tensor) -> tuple[Tensor, Tensor]:
         """Rows for positions [B, T] (all < bound) as [B, T, 1, head_dim], in like's dtype and device."""
@@ -80,6 +82,14 @@ class RopeTable:
             self.cos = torch.cat((cos, cos), -1)[:, None].to(like.dtype)
             self.sin = torch.cat((-sin, sin), -1)[:, None].to(like.dtype)
         return self.cos, self.sin
+
+    def addresses(self, bound: int) -> tuple[int, int]:
+        """The float32 CPU tables' addresses, n >= bound rows, as a native forward takes them: plain
+        ints while the tables stand (kept alive here), so a step reads no tensor for them."""
+        if bound > self.native_rows:
+            self.native = self.table(bound, torch.empty(0))
+            self.native_addresses, self.native_rows = (self.native[0].data_ptr(), self.native[1].data_ptr()), len(self.native[0])
+        return self.native_addresses
 
 
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:

@@ -334,19 +334,17 @@ class NativeChain:
         """Run a target's step (`specdec_target_step`) over its `real` tokens, writing their logits
         to `logits` and/or their argmax to `out` (a ctypes array; None: not asked); its hidden
         states [B, T, H], or None where the forward is not native."""
-        if not runs_natively(real, T if lengths is None else max(lengths)) or cache.k.dtype != torch.float32:
+        if not runs_natively(real, T if lengths is None else max(lengths)) or cache.native_args is None:
             return None
         d = self.decoder
         W = T if tree_mask is None else tree_mask.shape[-1]
-        cos, sin = rope.table(max(starts) + W, cache.k)
         x = torch.empty(B, T, d.decoder.hidden)
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
         i64 = ctypes.c_int64 * B
-        k, v = cache.k, cache.v
         rc = d.lib.specdec_target_step(
             d.decoder_ptr, self.chain_ptr, B, T, (ctypes.c_int64 * (B * T))(*tokens),
-            (ctypes.c_int64 * (B * T))(*positions), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
-            k.stride(0), k.stride(1), i64(*slots), i64(*starts), None if lengths is None else i64(*lengths),
+            (ctypes.c_int64 * (B * T))(*positions), *rope.addresses(max(starts) + W), *cache.native_args,
+            i64(*slots), i64(*starts), None if lengths is None else i64(*lengths),
             None if mask is None else mask.data_ptr(), W, x.data_ptr(), None if logits is None else logits.data_ptr(), out)
         if rc != 0:
             raise RuntimeError(f"native target step failed with code {rc}")
@@ -364,18 +362,16 @@ class NativeChain:
         ks = [0] * B
         for b, k in zip(drafting, draft_ks):
             ks[b] = k
-        cos, sin = rope.table(max(s + len(p) + k for s, p, k in zip(starts, pending, ks)), cache.k)
         width = max(max(ks), 1)
         out = (ctypes.c_int64 * (B * width))()
         i64 = ctypes.c_int64 * B
         tokens = (ctypes.c_int64 * (B * T))(*[t for p in pending for t in p + [0] * (T - len(p))])
         eos = (ctypes.c_int64 * max(len(eos_ids), 1))(*eos_ids)
-        k, v = cache.k, cache.v
         rc = self.decoder.lib.specdec_greedy_draft(
             self.decoder.decoder_ptr, self.chain_ptr, B, T, tokens, i64(*map(len, pending)), i64(*starts),
-            None if pairs is None else (ctypes.c_void_p * len(pairs))(*pairs), i64(*ks), cos.data_ptr(),
-            sin.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*eos_until), eos,
-            len(eos_ids), out)
+            None if pairs is None else (ctypes.c_void_p * len(pairs))(*pairs), i64(*ks),
+            *rope.addresses(max(s + len(p) + k for s, p, k in zip(starts, pending, ks))), *cache.native_args,
+            i64(*slots), i64(*eos_until), eos, len(eos_ids), out)
         if rc != 0:
             raise RuntimeError(f"native chain failed with code {rc}")
         flat = list(out)
