@@ -173,3 +173,27 @@ def test_loading_a_checkpoint_leaves_torch_dynamo_unimported(tiny_target):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_native_calls_get_the_rope_tables_and_cache_addresses_they_would_read_off_the_tensors(tiny_target):
+    """A native call is handed the rotary tables' and the KV cache's addresses as ints kept since
+    they were made (`RopeTable.addresses`, `KVCache.native_args`): they must be those of float32
+    CPU tables covering the bound, also after the tables grew or were made in another dtype (the
+    float32 ones stay alive however the eager path remakes its own), and a cache that a native
+    forward cannot take has none."""
+    from specdec.core.models.kv_cache import KVCache
+
+    model = load_model(tiny_target)
+    rope = model.rope
+    cos, sin = rope.table(300, torch.empty(0))
+    assert rope.addresses(300) == (cos.data_ptr(), sin.data_ptr())
+    rope.table(10, torch.empty(0, dtype=torch.float64))  # the eager path in float64 remakes the tables
+    grown = rope.addresses(len(cos) + 1)  # past the float32 tables: made again, in float32
+    kept = rope.native
+    assert len(kept[0]) > len(cos) and kept[0].dtype == torch.float32 and grown == (kept[0].data_ptr(), kept[1].data_ptr())
+    assert torch.equal(kept[0][: len(cos)], cos) and torch.equal(kept[1][: len(sin)], sin)
+    assert rope.addresses(5) == grown  # a shorter bound reads the same tables
+
+    cache = KVCache(2, 3, 16, 2, 8)
+    assert cache.native_args == (cache.k.data_ptr(), cache.v.data_ptr(), cache.k.stride(0), cache.k.stride(1))
+    assert KVCache(2, 3, 16, 2, 8, dtype=torch.float64).native_args is None
