@@ -933,16 +933,15 @@ static void chain_input(const Chain *c, int64_t tok, const float *feature, int64
 /* A greedy chain drafter's proposal in one call: its catch-up, then its chains. Row b feeds its
  * lengths[b] pending entries (`tokens` [B, T], right-padded; with `fc`, EAGLE-1's, each paired
  * with a true feature: pairs[n] its H floats, n counting the entries of every row in order) at
- * window positions starts[b] .. (as
- * `proposers.base.window_positions`) of slot slots[b], then drafts ks[b] tokens (0: it only
- * catches up): each the argmax of the output head over the forward before, the next fed one
- * position further. Without `fc` (a draft model) a forward's input is the token's embedding and
- * its output goes through the decoder's final norm; with it the input is fc(embedding, feature)
- * and the output is the next feature. Row b's draft token at depth j (1 = right after the root)
- * skips the EOS ids while j <= eos_until[b]. out [B, max ks]: row b's draft tokens. Each forward
- * and head matmul is the one the proposer's Python ran, so tokens and cache entries are its own
- * bit for bit; what goes is the Python around them (a draft model's one-token step was ~0.1 ms
- * of it around a ~0.02 ms forward). */
+ * window positions starts[b] .. (as `proposers.base.window_positions`) of slot slots[b], then
+ * drafts ks[b] tokens (0: it only catches up): each the argmax of the output head over the
+ * forward before, the next fed one position further. Without `fc` (a draft model) a forward's
+ * input is the token's embedding and its output goes through the decoder's final norm; with it
+ * the input is fc(embedding, feature) and the output is the next feature. Row b's draft token at
+ * depth j (1 = right after the root) skips the EOS ids while j <= eos_until[b]. out [B, max ks]:
+ * row b's draft tokens. Each forward and head matmul is the one the proposer's Python ran, so
+ * tokens and cache entries are its own bit for bit; what goes is the Python around them (a draft
+ * model's one-token step was ~0.1 ms of it around a ~0.02 ms forward). */
 int specdec_greedy_draft(
     const Decoder *d, const Chain *c, int64_t B, int64_t T,
     const int64_t *tokens, const int64_t *lengths, const int64_t *starts, const float *const *pairs,
