@@ -31,8 +31,9 @@ def test_generate_prints_text_and_stats(kit, capsys):  # noqa: F811
 
 def test_bench_prints_every_method_and_writes_consistent_json(kit, tmp_path, capsys):  # noqa: F811
     path = tmp_path / "bench.json"
+    # --ngram-min 1: 12 tokens of the test kit's random model repeat no 3-gram, and every method must draft here
     args = ["bench", *kit_args(kit), "--prompts", "2", "--max-tokens", "12", "--repeats", "1",
-            "--batch-sizes", "1,2", "--json", str(path), "--profile", "--policy", "fixed"]
+            "--batch-sizes", "1,2", "--json", str(path), "--profile", "--policy", "fixed", "--ngram-min", "1"]
     assert main(args) == 0
     out = capsys.readouterr().out
     figures = json.loads(path.read_text())["figures"]

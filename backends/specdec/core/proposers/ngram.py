@@ -58,7 +58,7 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 class NgramProposer:
     commits_undrafted = False  # its index catches up on the tokens themselves (`backlog`)
 
-    def __init__(self, k: int = 4, min_n: int = 1, max_n: int = 4) -> None:
+    def __init__(self, k: int, min_n: int, max_n: int) -> None:
         if not 1 <= min_n <= max_n:
             raise ConfigurationError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_k, self.min_n, self.max_n = k, min_n, max_n
