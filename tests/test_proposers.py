@@ -202,6 +202,12 @@ def test_ngram_prefers_a_match_with_a_full_continuation():
     assert lookup([1, 2, 3, 4], 2, 1, 3) == []
 
 
+def test_a_shorter_ngram_max_than_the_default_ngram_min_is_refused_naming_both(kit):  # noqa: F811
+    """ngram_min defaults to 3: a user who sets only ngram_max below it is told which settings clash."""
+    with pytest.raises(ConfigurationError, match="ngram_min=3, ngram_max=2 .ngram_min defaults to 3"):
+        build_engine(EngineConfig.of(method="ngram", ngram_max=2, target=kit["target"]))
+
+
 @pytest.mark.parametrize("method, k", [("medusa", 4), ("medusa", 1), ("eagle2", 4), ("eagle2", 2)])
 def test_k_caps_the_tree_nodes_of_every_step(kit, method, k):  # noqa: F811
     eng = build_engine(EngineConfig.of(method=method, dtype="float64", policy="fixed", max_batch=2, k=k, **kit))

@@ -60,7 +60,8 @@ class NgramProposer:
 
     def __init__(self, k: int, min_n: int, max_n: int) -> None:
         if not 1 <= min_n <= max_n:
-            raise ConfigurationError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+            raise ConfigurationError(f"prompt lookup needs 1 <= ngram_min <= ngram_max, got ngram_min={min_n}, "
+                                     f"ngram_max={max_n} (ngram_min defaults to 3: a shorter ngram_max needs it set too)")
         self.max_k, self.min_n, self.max_n = k, min_n, max_n
         self.indexes: dict[int, NgramIndex] = {}  # per slot
 
