@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from specdec.core.config import EngineConfig
+from specdec.core.config import EngineConfig, ProposerConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.proposers.registry import Target, register
 from specdec.core.sequence import Sequence
@@ -60,8 +60,9 @@ class NgramProposer:
 
     def __init__(self, k: int, min_n: int, max_n: int) -> None:
         if not 1 <= min_n <= max_n:
-            raise ConfigurationError(f"prompt lookup needs 1 <= ngram_min <= ngram_max, got ngram_min={min_n}, "
-                                     f"ngram_max={max_n} (ngram_min defaults to 3: a shorter ngram_max needs it set too)")
+            raise ConfigurationError(
+                f"prompt lookup needs 1 <= ngram_min <= ngram_max, got ngram_min={min_n}, ngram_max={max_n} "
+                f"(ngram_min defaults to {ProposerConfig.ngram_min}: a shorter ngram_max needs it set too)")
         self.max_k, self.min_n, self.max_n = k, min_n, max_n
         self.indexes: dict[int, NgramIndex] = {}  # per slot
 
