@@ -359,8 +359,8 @@ def test_outputs_narrower_than_a_64_column_block_are_computed(out_features, half
 def test_prefill_float64_and_odd_shapes_stay_eager(tiny_target, tiny_draft):
     model = load_model(tiny_target)
     x = torch.zeros(1, native.NATIVE_MAX_ROWS + 1, 64)
-    assert not model.native.accepts(x, model.new_cache(1, 8).k)
-    assert model.native.accepts(x[:, :1], model.new_cache(1, 8).k)
+    assert not model.native.accepts(x, model.new_cache(1, 8))
+    assert model.native.accepts(x[:, :1], model.new_cache(1, 8))
     assert load_model(tiny_target, dtype=torch.float64).native is None
     assert load_model(tiny_draft).native is None  # head_dim 8: not a multiple of 16
 
@@ -379,8 +379,8 @@ def test_prompts_of_different_lengths_prefill_natively_by_their_real_tokens(monk
     monkeypatch.setattr(native, "NATIVE_MAX_ROWS", 64)
     eng = build_engine(EngineConfig.of(method="baseline", max_batch=2, **kit_paths(DEMO_KIT)))
     seen, accepts = [], eng.target.native.accepts
-    eng.target.native.accepts = lambda x, k, lengths=None: seen.append(
-        (x.shape[0] * x.shape[1], lengths, accepts(x, k, lengths))) or seen[-1][2]
+    eng.target.native.accepts = lambda x, cache, lengths=None: seen.append(
+        (x.shape[0] * x.shape[1], lengths, accepts(x, cache, lengths))) or seen[-1][2]
     prompts = [list(range(5, 15)), list(range(100, 150))]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     together = [r.token_ids for r in eng.generate(prompts, params)]

@@ -272,10 +272,8 @@ def run_decoder(
     Every position is below max(starts) + W, W the tree mask's width or else T (a tree node's depth
     and a padded row's index both are)."""
     T = x.shape[1]
-    if native is not None and cache is not None and native.accepts(x, cache.k, lengths):
-        W = T if tree_mask is None else tree_mask.shape[-1]
-        cos, sin = rope.table(max(starts) + W, x)
-        return native(x, positions, cos, sin, cache.k, cache.v, slots, starts, tree_mask, lengths)
+    if native is not None and cache is not None and native.accepts(x, cache, lengths):
+        return native(x, positions, rope, cache, slots, starts, tree_mask, lengths)
     if cache is None:
         ctx = None
         positions, bound = torch.arange(T, device=x.device).expand(x.shape[0], -1), T

@@ -226,12 +226,12 @@ class NativeDecoder:
                 x.blocked = x.blocked.to(torch.float32)
         return NativeDecoder(layers, norm, library())
 
-    def __call__(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, k: Tensor, v: Tensor,
-                 slots: list[int], starts: list[int], tree_mask: Tensor | None, lengths: list[int] | None) -> Tensor:
-        """The layers over x [B, T, H] (a new tensor is returned); arguments as `llama.run_decoder`'s,
-        cos / sin the rotary table's rows [n, 1, head_dim] for every position, k / v the cache.
-        Padding (row b's tokens from lengths[b] on) is neither computed nor written to the cache:
-        its output is zero."""
+    def __call__(self, x: Tensor, positions: Tensor, rope: "RopeTable", cache: "KVCache", slots: list[int],
+                 starts: list[int], tree_mask: Tensor | None, lengths: list[int] | None) -> Tensor:
+        """The layers over x [B, T, H] (a new tensor is returned); arguments as `llama.run_decoder`'s
+        (the rotary tables and the cache handed over as every native call takes them:
+        `RopeTable.addresses`, `KVCache.native_args`). Padding (row b's tokens from lengths[b] on)
+        is neither computed nor written to the cache: its output is zero."""
         B, T, _ = x.shape
         x = x.clone(memory_format=torch.contiguous_format)  # the call writes its result in place
         positions = positions.to(torch.int64).contiguous()
@@ -239,20 +239,20 @@ class NativeDecoder:
         W = T if tree_mask is None else tree_mask.shape[-1]
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
         rc = self.lib.specdec_decoder_forward(
-            self.decoder_ptr, x.data_ptr(), B, T, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), i64(*slots), i64(*starts),
+            self.decoder_ptr, x.data_ptr(), B, T, positions.data_ptr(), *rope.addresses(max(starts) + W),
+            *cache.native_args, i64(*slots), i64(*starts),
             None if lengths is None else i64(*lengths), None if mask is None else mask.data_ptr(), W)
         if rc != 0:
             raise RuntimeError(f"native decoder failed with code {rc}")
         return x
 
     @staticmethod
-    def accepts(x: Tensor, k: Tensor, lengths: list[int] | None = None) -> bool:
-        """Whether this forward runs natively: float32 on CPU (the cache too), few enough real
-        rows (`lengths`: each row's real tokens; None: all; padding is not computed)."""
+    def accepts(x: Tensor, cache: "KVCache", lengths: list[int] | None = None) -> bool:
+        """Whether this forward runs natively: float32 on CPU (the cache too: `native_args`), few
+        enough real rows (`lengths`: each row's real tokens; None: all; padding is not computed)."""
         rows = x.shape[0] * x.shape[1] if lengths is None else sum(lengths)
         longest = x.shape[1] if lengths is None else max(lengths)
-        return (x.dtype == torch.float32 and k.dtype == torch.float32 and x.device.type == "cpu"
+        return (x.dtype == torch.float32 and x.device.type == "cpu" and cache.native_args is not None
                 and runs_natively(rows, longest))
 
 
