@@ -10,8 +10,10 @@ from pathlib import Path
 from specdec.tools import docs
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "reports").glob("*-log.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+# a section cited in prose or a comment: `docs/engine.md, "Title"` (the title opens a heading or a bold item)
+CITATION = re.compile(r"((?:docs/|reports/)?[\w-]+\.md), \"([^\"]+)\"")
 # a clock time (06:07, 6:07 UTC) or a calendar date (2026-11-30): the marks of a dated run
 DATED = re.compile(r"\b(?:[01]?\d|2[0-3]):[0-5]\d\b|\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\bUTC\b")
 
@@ -45,10 +47,68 @@ def test_every_relative_link_resolves():
     assert any(relative_links(path) for path in DOCUMENTS)
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    fenced = False
+    for line in path.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        heading = None if fenced else re.match(r"^#{1,6}\s+(.*)$", line)
+        if heading:
+            name, n = slug(heading.group(1)), 0
+            while (name if n == 0 else f"{name}-{n}") in found:
+                n += 1
+            found.add(name if n == 0 else f"{name}-{n}")
+    return found
+
+
+def broken_anchors(path: Path) -> list[str]:
+    """Links `page.md#part` (or `#part`) whose page has no heading with that anchor."""
+    broken = []
+    for target in LINK.findall(path.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+            continue
+        page, part = target.split("#", 1)
+        page_path = (path.parent / page) if page else path
+        if page_path.suffix == ".md" and page_path.exists() and part not in anchors(page_path):
+            broken.append(f"{path.name}: {target}")
+    return broken
+
+
+def test_every_anchor_names_a_heading():
+    """Sections move (the trials went from docs/ to reports/*-log.md): a link must follow."""
+    missing = [b for path in DOCUMENTS for b in broken_anchors(path)]
+    assert not missing, "\n".join(missing)
+
+
+def test_every_cited_section_exists():
+    """The code and the documents cite sections by title (`reports/benchmarks-log.md, "Title"`);
+    each title must open a heading or a bold item of that file."""
+    sources = [*DOCUMENTS, *(ROOT / "backends").rglob("*.py")]
+    missing = []
+    for source in sources:
+        for page, title in CITATION.findall(source.read_text()):
+            candidates = [ROOT / page] if "/" in page else [source.parent / page, ROOT / "docs" / page,
+                                                            ROOT / "reports" / page]
+            target = next((c for c in candidates if c.exists()), None)
+            words = r"\s+".join(map(re.escape, title.split()))
+            pattern = re.compile(r"^(?:#+\s+|\s*- \*\*)" + words, re.M | re.I)
+            if target is None or not pattern.search(target.read_text()):
+                missing.append(f"{source.relative_to(ROOT)}: {page}, \"{title}\"")
+    assert not missing, "\n".join(missing)
+
+
 def test_link_check_sees_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](https://example.com) [a](#x) [b](missing.md#part) ![c](img/plot.png \"title\")")
     assert relative_links(page) == ["missing.md", "img/plot.png"]
+    (tmp_path / "other.md").write_text("# Top\n## A `code` part, (x)\n")
+    page.write_text("[a](other.md#a-code-part-x) [b](other.md#gone) [c](#top)")
+    assert [b.split(": ")[1] for b in broken_anchors(page)] == ["other.md#gone", "#top"]
 
 
 def test_serving_reference_is_generated_from_the_code():

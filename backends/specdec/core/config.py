@@ -130,7 +130,7 @@ class ProposerConfig:
     # one-token match 0.97 of 4 draft tokens, after a 4-token one 3.70), and where the target's
     # verification is compute-bound each draft token costs about a plain step's arithmetic: 3
     # drafted only after longer matches, 1.38x the baseline at batch 1 against 1.27x for 1, 1.08x
-    # at batch 8 against 0.95x (docs/benchmarks.md, "Prompt lookup drafts after longer matches")
+    # at batch 8 against 0.95x (reports/benchmarks-log.md, "Prompt lookup drafts after longer matches")
     ngram_min: int = setting(3, "prompt lookup: shortest n-gram matched")
     ngram_max: int = setting(4, "prompt lookup: longest n-gram matched")
     acceptance: str = setting("exact", "exact (lossless) or typical (Medusa-2, LOSSY when sampling)",

@@ -293,7 +293,7 @@ class CostModel:
         average, taken mostly while drafting, priced plain steps at drafting's cost. Served, the
         draft model read 1.04-1.06x / 0.95-1.04x / 0.96-1.00x the baseline's tokens/s at 1 / 4 /
         16 users priced apart, 1.09x / 0.88-0.89x / 0.90-0.93x at one average (two load tests;
-        benchmarks.md, "The server's output charge, per regime")."""
+        reports/benchmarks-log.md, "The server's output charge, per regime")."""
         x = seconds / self.load
         if not self.output_seen:
             self.output_plain = self.output_drafting = x

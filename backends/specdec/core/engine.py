@@ -478,7 +478,7 @@ class Engine:
         3.4-3.5 tokens, a drafting model's 2.9-3.3 (its longer steps let the sender keep up).
         Charged per Output regardless, as before, the draft model read 0.92-0.94x the baseline's
         tokens/s there, 0.95-1.06x uncharged, 0.93-0.95x charged this way (load tests of 6
-        rounds, intervals about +-0.07: docs/benchmarks.md). At one user, where drafting made
+        rounds, intervals about +-0.07: reports/benchmarks-log.md). At one user, where drafting made
         responses carry 2.7-3.4 tokens against 2.2-2.3, the charge pays (1.04-1.10x against
         1.02x uncharged). Charged to the regime the policy is in as they leave, drafting or not:
         each regime's outputs are priced apart (`CostModel.observe_output`). Called from that

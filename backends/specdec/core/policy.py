@@ -125,7 +125,7 @@ PAUSED_RECHECK = 8  # while speculation is off for the batch, `best` searches ag
 # acceptance the paused rows drift to, and owes its drafter a catch-up on its prompt. Searched at
 # each such change (every few steps with users' requests coming and going), the policy took 22-31
 # us of a 0.5-0.65 ms step at 3 and 4 users in-process against the baseline's 6; 11-18 so
-# (docs/engine.md, "A paused batch keeps its schedule when a row joins or leaves")
+# (reports/engine-log.md, "A paused batch keeps its schedule when a row joins or leaves")
 PAUSED_RECHECK_MAX = 64
 PLAIN_TIMED = 16  # of a paused batch's plain steps observed together (`observe_unobserved`), only
 # the last this many are timed (and any within PAIR_GAP + PLAIN_SETTLE steps of a drafted one, a
@@ -361,7 +361,7 @@ class Policy:
         # release changes the batch, or a step drafts), and its plain steps are kept as numbers,
         # not StepRecords (`observe_coasting`): (step number, sequences, step seconds, proposal
         # seconds). At batch 1 a paused EAGLE then ran 1.02x as fast, Medusa 1.01x
-        # (docs/benchmarks.md, "A paused batch coasts without its checks")
+        # (reports/benchmarks-log.md, "A paused batch coasts without its checks")
         self.coasting_plain = False
         self.coast_left = 0
         self.coasted: list[tuple[int, list[Sequence], float, float]] = []

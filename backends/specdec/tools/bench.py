@@ -159,8 +159,8 @@ def turns(requests: int, batch: int, in_flight: int = 0) -> list[range]:
     next. One batch of prompts a turn: at batch 1 a method's whole run (8 prompts, ~0.4 s) let
     the machine's drift over seconds into every ratio (a baseline copy 0.98x-1.19x the baseline
     over 12 repeats, a 90% interval 0.053 wide); taking turns prompt by prompt, 0.97x-1.03x,
-    0.017 wide (benchmarks.md, "Interleaved prompt by prompt"). Under arrivals the whole load is
-    one turn: its requests must keep arriving."""
+    0.017 wide (reports/benchmarks-log.md, "Interleaved prompt by prompt"). Under arrivals the
+    whole load is one turn: its requests must keep arriving."""
     step = requests if in_flight else batch
     return [range(i, min(i + step, requests)) for i in range(0, requests, step)]
 

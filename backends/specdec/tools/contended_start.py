@@ -7,7 +7,8 @@ each then serves requests one at a time, like a closed-loop user.
 Each engine prints how many of its decode steps drafted and its proposal-cost fit. A policy that
 a busy start misleads shows as engines that hardly draft (a few percent of their steps) where
 the others draft in most: its costs were timed while the engines contended, and, speculation
-off, no step came along to correct them (docs/benchmarks.md, "the start-up calibration under load").
+off, no step came along to correct them (reports/benchmarks-log.md, "Where the engine's time
+went, served").
 Tokens/s are printed too, but the engines share the cores, so they are not a speedup.
 """
 
