@@ -4,9 +4,9 @@ A step's cost is the time of a step without its proposal for the batch's total t
 forward, calibrated at start-up over token counts, then corrected by every real step's timing, which
 also brings in what a forward-only calibration misses: inputs, verification, compaction, output; one
 preempted calibration timing on a busy machine once made 2 tokens look 3x the cost of 1, and
-speculation never started; where a count and the plain count, one token per row, both have recent
-steps, the count's point is set from the ratio of their medians, each step taken at the load of the
-steps before it, at most SHAPE_BOUND from the start-up curve; where points disagree, the one whose
+speculation never started; a count's point is the median of its recent pairs, each a step at
+that count and a settled plain step (one token per row) at most PAIR_GAP steps apart, whose ratio
+needs no load, at most SHAPE_BOUND from the start-up curve; where points disagree, the one whose
 count ran more often and more lately prevails) plus the proposer's time, (fixed + per_level * depth)
 * (1 + row_share * (rows - 1)), fitted online by least squares over the median time per depth and
 row count of recent proposals (medians that disagree with that model lowered: `consistent`; the
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 VERIFY_RATE = 0.1  # how far one measured step moves the verify-cost curve's shape
-SHAPE_SAMPLES = 15  # recent steps per token count whose median sets that count's point ...
-SHAPE_FRESH = 512  # ... against the plain count's median, when both are this many steps recent
+SHAPE_SAMPLES = 15  # recent pairs per token count whose median sets that count's point ...
+SHAPE_FRESH = 512  # ... once it has that many, all within this many steps
 # (a batch drafting every step has plain steps only from its anchors, one in 2 * PROBE_EVERY: the
 # window must hold SHAPE_SAMPLES of them; at 256 with 15 samples it held 8, and such a batch's
 # curve was never set by its steps) ...
-SHAPE_TOLERANCE = 0.01  # ... moving a point already set only by more than this share of it. Each step
-# is taken at the load of the steps before it (`observe_verify`). Medians of 5 raw steps, kept
+SHAPE_TOLERANCE = 0.01  # ... moving a point already set only by more than this share of it. Each
+# sample is a pair's ratio (`observe_shape`), which needs no load. Medians of 5 raw steps, kept
 # before, wandered 10-20% with 10% jitter alone, and a count timed mostly in a busy spell was set
 # at the spell's cost against the quiet plain steps after it: in a simulation with known costs
 # where fixed k = 4 is the best pick (tests/test_policy.py, `simulated_rate`), adaptive prompt

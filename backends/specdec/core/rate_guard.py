@@ -14,8 +14,8 @@ resumes, the probes and anchors' first plain steps that drafting brings) and pla
 settled after `policy.GUARD_SETTLE` others: a paused batch's, and the last of a long anchor's,
 which is where a drafting batch times them, `wants_plain`). When drafting's rate falls below
 GUARD_RATIO of the plain rate over the same window, drafting is vetoed for that batch for
-GUARD_HOLD steps, doubling with every veto that follows a re-trial (up to GUARD_HOLD_MAX); a
-re-trial that realizes at least the plain rate resets the hold. Where drafting had been judged at
+GUARD_HOLD steps, each veto doubling the next one's hold (up to GUARD_HOLD_MAX); a judgment
+at or above the plain rate resets it. Where drafting had been judged at
 the plain rate or above since the previous veto, the batch owes a re-trial of
 PAID_MIN_DRAFTED drafting steps once the hold ends (`retrial_due`): the policy drafts its best
 drafting pick where its model rates that at least `policy.DRAFTING_FLOOR` of plain, and drafts on
@@ -40,7 +40,7 @@ PAID_MIN_DRAFTED = 16  # drafting steps before `paid` reads their rate: the draf
 # paused for good after 44 drafting steps at 1.22x the plain rate, before GUARD_MIN_DRAFTED
 GUARD_RATIO = 0.97  # drafting is vetoed below this share of the plain rate: a margin for the
 # window's noise, so that a method drafting at par (where a veto gains nothing) is rarely vetoed
-GUARD_HOLD = 256  # steps a first veto holds; each veto after a re-trial doubles it ...
+GUARD_HOLD = 256  # steps a first veto holds; each veto doubles the next one's ...
 GUARD_HOLD_MAX = 4096  # ... up to this
 
 
