@@ -1,6 +1,7 @@
 """The documents stay true: README.md is a short user's document without a lab notebook's clock
-times, every relative link in README.md and docs/ resolves, and docs/serving.md's reference
-tables are what the code's own tables generate."""
+times; every relative link in README.md, docs/ and the reports' logs resolves, to a heading where
+it names one; every section the code or the documents cite by title exists; and docs/serving.md's
+reference tables are what the code's own tables generate."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 from specdec.tools import docs
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "reports").glob("*-log.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "reports").glob("*-log.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # a section cited in prose or a comment: `docs/engine.md, "Title"` (the title opens a heading or a bold item)
 CITATION = re.compile(r"((?:docs/|reports/)?[\w-]+\.md), \"([^\"]+)\"")
