@@ -62,8 +62,9 @@ def _max_rows() -> int:
 # (0.95-1.08x) and the native forward is 1.2-2.2x the eager one there (the kit's target, 1 x 72 to
 # 8 x 128 rows: the eager layers' other operations, not the GEMM, cost it); at 2 threads 1.1-2.3x,
 # but 0.92x for one 512-token row. A cap of 64, kept before, sent every prompt's prefill and every
-# long catch-up to the eager layers (docs/engine.md). Without AVX-512 (an AVX2 EPYC, the 8-float
-# kernels) the target's native forward against the eager one: 0.78 / 0.79 ms for 1 row, 1.61 /
+# long catch-up to the eager layers (reports/engine-log.md, "The native decoder, change by
+# change"). Without AVX-512 (an AVX2 EPYC, the 8-float kernels) the target's native forward
+# against the eager one: 0.78 / 0.79 ms for 1 row, 1.61 /
 # 4.15 for 2, 2.64 / 4.93 for 5, 4.12 / 6.45 for 8 x 1, 6.83 / 8.18 for 8 x 2, 6.71 / 6.96 for
 # 1 x 16, but 8.20 / 8.09 for 4 x 5, 12.8 / 8.91 for 1 x 32 and 15.0 / 11.0 for 8 x 5. Once
 # attention, norms and SiLU ran on 8-float vectors there too (decoder.c's `vf`), at a context of 100
