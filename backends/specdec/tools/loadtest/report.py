@@ -9,7 +9,7 @@ import platform
 import time
 from pathlib import Path
 
-from specdec.tools.loadtest.guardrails import Guardrails, aa_check, verdicts
+from specdec.tools.loadtest.guardrails import AA_FIGURES, Guardrails, aa_check, verdicts
 from specdec.tools.loadtest.intervals import CONFIDENCE
 from specdec.tools.loadtest.noise import FOREIGN_LOAD_CORES
 
@@ -289,8 +289,9 @@ def markdown(report: dict) -> str:
     if report.get("aa_check"):
         aa = report["aa_check"]
         lines += ["## A/A check", "", f"`{aa['model']}` serves the baseline's config under a second name. A difference "
-                  f"is a {conf} interval wholly outside [{1 - aa['margin']:.2f}, {1 / (1 - aa['margin']):.2f}] for any of "
-                  "tokens/s, TPOT, TTFT or ITL (p50, p95).", "", "| workload | conc | result |", "|---|---:|---|"]
+                  f"is a {aa.get('confidence', CONFIDENCE):.1%} interval (all its checks together) wholly outside "
+                  f"[{1 - aa['margin']:.2f}, {1 / (1 - aa['margin']):.2f}] for any of {', '.join(AA_FIGURES)}.", "",
+                  "| workload | conc | result |", "|---|---:|---|"]
         lines += [f"| {lv['workload']} | {lv['concurrency']} | {lv['result']}"
                   f"{': ' + ', '.join(lv['differences']) if lv['differences'] else ''} |" for lv in aa["levels"]]
         lines.append("")

@@ -426,7 +426,7 @@ def _on_stop(environment, **kwargs) -> None:
             s.file.flush()
     o = environment.parsed_options
     if o is not None and o.samples_out and not _is_worker(environment) and environment.stats is not None:
-        # Locust's own accounting next to the samples (the matrix cross-checks the two)
+        # Locust's own accounting next to the samples (the smoke test checks it against them)
         totals = {e.name: {"requests": e.num_requests, "failures": e.num_failures,
                            "content_length": e.total_content_length} for e in environment.stats.entries.values()}
         with open(o.samples_out + ".locust.json", "w") as f:
