@@ -109,8 +109,8 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
  * The AVX-512 kernels (a 64-column block a pass) hint only where a pass has 2 or more rows: on an
  * AVX-512 EPYC (Zen 4) a batch of 8 one-token rows ran 1.05x faster with it (whole baseline
  * engines, `forward_ab --method baseline --batch 8`, two runs of 40 rounds), while batch 1's
- * one-row passes ran 0.97x with it and 1.00x without (`docs/engine.md`, "Weight prefetch in the
- * AVX-512 kernels"). Nor does the 8-float one-row pass of Zen 4 (`ONE_ROW_KERNEL`) hint: 55-62
+ * one-row passes ran 0.97x with it and 1.00x without (`reports/engine-log.md`, "Weight prefetch in
+ * the AVX-512 kernels"). Nor does the 8-float one-row pass of Zen 4 (`ONE_ROW_KERNEL`) hint: 55-62
  * GFLOP/s with the hint 16-128 steps ahead against 79-83 without, the kit's 4-layer target's
  * weight shapes streamed from L3 (a C harness over this file). */
 #define PREFETCH_H 64
