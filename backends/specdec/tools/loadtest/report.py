@@ -289,7 +289,7 @@ def markdown(report: dict) -> str:
     if report.get("aa_check"):
         aa = report["aa_check"]
         lines += ["## A/A check", "", f"`{aa['model']}` serves the baseline's config under a second name. A difference "
-                  f"is a {aa.get('confidence', CONFIDENCE):.1%} interval (all its checks together) wholly outside "
+                  f"is a {aa['confidence']:.1%} interval (all its checks together) wholly outside "
                   f"[{1 - aa['margin']:.2f}, {1 / (1 - aa['margin']):.2f}] for any of {', '.join(AA_FIGURES)}.", "",
                   "| workload | conc | result |", "|---|---:|---|"]
         lines += [f"| {lv['workload']} | {lv['concurrency']} | {lv['result']}"
