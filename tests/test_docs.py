@@ -20,14 +20,14 @@ CITATION = re.compile(r"((?:docs/|reports/)?[\w-]+\.md), \"([^\"]+)\"")
 DATED = re.compile(r"\b(?:[01]?\d|2[0-3]):[0-5]\d\b|\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\bUTC\b")
 
 
+def local_targets(path: Path) -> list[str]:
+    """Link targets in a Markdown file that are not URLs: files in the checkout, anchors, or both."""
+    return [t for t in LINK.findall(path.read_text()) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
 def relative_links(path: Path) -> list[str]:
     """Link targets in a Markdown file that point into the checkout (not URLs, not pure anchors)."""
-    targets = []
-    for target in LINK.findall(path.read_text()):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-            continue
-        targets.append(target.split("#", 1)[0])
-    return targets
+    return [t.split("#", 1)[0] for t in local_targets(path) if not t.startswith("#")]
 
 
 def test_readme_is_short_and_undated():
@@ -71,9 +71,7 @@ def anchors(path: Path) -> set[str]:
 def broken_anchors(path: Path) -> list[str]:
     """Links `page.md#part` (or `#part`) whose page has no heading with that anchor."""
     broken = []
-    for target in LINK.findall(path.read_text()):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or "#" not in target:
-            continue
+    for target in (t for t in local_targets(path) if "#" in t):
         page, part = target.split("#", 1)
         page_path = (path.parent / page) if page else path
         if page_path.suffix == ".md" and page_path.exists() and part not in anchors(page_path):
