@@ -101,15 +101,16 @@ class EagleProposer:
         """Pairs not fed yet: pair t is (feature_t, token_t+1), so they run up to the root's."""
         return catch_up_length(len(seq.tokens) - 1, self.fed[seq.slot])
 
-    def pending_blocks(self, seq: Sequence) -> list[tuple[Tensor, int, tuple[int, ...] | range, int]]:
-        """The sequence's pending true features as blocks (hidden, row, path, first): each block's
-        are `path_features(hidden, row, path)[first:]`. At most CATCH_UP_WINDOW pairs: past that the
-        cache restarts at the window's first pair (`shift`), and the blocks before it are dropped."""
+    def pending_blocks(self, seq: Sequence) -> list[tuple[int, Tensor, int, tuple[int, ...] | range, int]]:
+        """The sequence's pending true features as blocks (pairs, hidden, row, path, first): each
+        block's are `path_features(hidden, row, path)[first:]`, `pairs` of them. At most
+        CATCH_UP_WINDOW pairs: past that the cache restarts at the window's first pair (`shift`),
+        and the blocks before it are dropped."""
         drop = restart_at_window(self.fed, self.shift, seq.slot, len(seq.tokens) - 1)
         kept = []
         for n, hidden, row, path in self.pending[seq.slot]:
             if drop < n:
-                kept.append((hidden, row, path, drop))
+                kept.append((n - drop, hidden, row, path, drop))
             drop = max(drop - n, 0)
         return kept
 
@@ -118,7 +119,7 @@ class EagleProposer:
         blocks (`pending_blocks`) and the window position of the first."""
         blocks = [self.pending_blocks(s) for s in seqs]
         starts = [self.fed[s.slot] for s in seqs]
-        counts = [sum(1 + len(path) - first for _, _, path, first in b) for b in blocks]
+        counts = [sum(n for n, *_ in b) for b in blocks]
         tokens = [s.tokens[st + 1 : st + 1 + n] for s, st, n in zip(seqs, starts, counts)]
         at = window_positions(self.shift, seqs, starts)
         for s, st, n in zip(seqs, starts, counts):
@@ -128,7 +129,7 @@ class EagleProposer:
 
     def catch_up(self, seqs: list[Sequence], tokens: list[list[int]], blocks: list[list[tuple]], at: list[int]) -> Tensor:
         """Feed every sequence's pending pairs (`catch_up_inputs`); return the predicted feature of its root."""
-        feats = [torch.cat([path_features(hidden, row, path)[first:] for hidden, row, path, first in b]) for b in blocks]
+        feats = [torch.cat([path_features(hidden, row, path)[first:] for _, hidden, row, path, first in b]) for b in blocks]
         device = self.head.fc.weight.device
         padded = pad_batch(tokens, device)
         width = padded.shape[1]
@@ -147,7 +148,7 @@ class EagleProposer:
         fed, rows = catch_up_rows(seqs, ks, self.backlog)
         tokens, blocks, at = self.catch_up_inputs(fed)  # `blocks` keeps the features alive through the call
         if self.chain is not None and self.chain.takes(batch, tokens):
-            pairs = [a for b in blocks for hidden, row, path, first in b for a in feature_addresses(hidden, row, path)[first:]]
+            pairs = [a for b in blocks for _, hidden, row, path, first in b for a in feature_addresses(hidden, row, path)[first:]]
             chains = self.chain(tokens, at, pairs, rows, batch_ks, self.head.rope, self.cache, [s.slot for s in fed],
                                 eos_until(fed, self.eos_ids), self.eos_ids)
             found = [Draft.chain(t, None) for t in chains]
