@@ -71,7 +71,7 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
     by = {(c["model"], c["concurrency"]): c for c in report["cells"]}
     for level in (1, 2):
         trials = stats.load_samples(out / by[("baseline", level)]["trials_file"])
-        # a warm-up round, then two rounds, the order rotated; one trial ends (requests drained)
+        # a warm-up round, then two rounds, in the balanced orders; one trial ends (requests drained)
         # before the next starts; the cells count the measured rounds only
         assert [(t["model"], t["round"]) for t in trials] == [("spec_draft", -1), ("baseline", -1),
                                                             ("baseline", 0), ("spec_draft", 0),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import pytest
 
@@ -180,17 +181,26 @@ def test_aa_check_on_identical_and_different_copies():
     assert any(d.startswith("tpot_p50") for d in bad["levels"][0]["differences"])
 
 
-def test_trial_plan_rotates_the_order():
-    plan = trial_plan(["a", "b", "c"], 4)
-    assert [t["model"] for t in plan] == list("abc" "bca" "cab" "abc")
-    assert [t["round"] for t in plan] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+def test_trial_plan_balances_positions_and_neighbours():
+    """Over a whole design every model takes every position, and follows every other model, the
+    same number of times (a rotation, "abc" "bca" "cab", put b after a in every round but one)."""
+    for models, rounds in ((list("abc"), 6), (list("abcdef"), 12), (list("ab"), 4)):
+        plan = trial_plan(models, rounds)
+        orders = [[t["model"] for t in plan[i : i + len(models)]] for i in range(0, len(plan), len(models))]
+        assert [t["round"] for t in plan] == [r for r in range(rounds) for _ in models]
+        assert all(sorted(o) == models for o in orders)
+        positions = Counter((m, o.index(m)) for o in orders for m in o)
+        after = Counter(pair for o in orders for pair in zip(o, o[1:]))
+        assert set(positions.values()) == {rounds // len(models)}, positions
+        assert len(after) == len(models) * (len(models) - 1) and len(set(after.values())) == 1, after
+    assert [t["model"] for t in trial_plan(list("abc"), 3)] == list("abc" "bca" "cab")
 
 
 def test_warm_up_rounds_open_the_plan_and_do_not_count():
     """Every model meets a load level once before any trial counts: the warm-up rounds come first,
-    rotated like the rest, and `measured` drops them."""
+    in the design's order like the rest, and `measured` drops them."""
     plan = trial_plan(["a", "b", "c"], 2, warmup_rounds=1)
-    assert [t["model"] for t in plan] == list("cab" "abc" "bca")
+    assert [t["model"] for t in plan] == list("bac" "abc" "bca")
     assert [t["round"] for t in plan] == [-1] * 3 + [0] * 3 + [1] * 3
     assert measured(plan) == trial_plan(["a", "b", "c"], 2)
     with pytest.raises(ValueError, match="warm-up rounds"):

@@ -1,6 +1,7 @@
 """`specdec loadtest`: the load matrix. For every workload and load level, the served models take
-turns in short trials (round 1: A B C, round 2: B C A, ...), so a slow period of the machine
-lands on every model of a round alike; each figure is then compared with the baseline's of the
+turns in short trials (every model once a round, in orders that balance each model's position
+and predecessor: `balanced_orders`), so a slow period of the machine lands on every model of a
+round alike; each figure is then compared with the baseline's of the
 same round, and the verdict rests on the interval of those paired ratios (`intervals`,
 `guardrails`), not on one window's point estimate. Writes report.json, report.md and plots.
 
@@ -146,15 +147,26 @@ def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_
 
 
 # ---- one load level: every model, interleaved trials -------------------------------------------------
+def balanced_orders(n: int) -> list[list[int]]:
+    """A Williams design: orders of range(n) in which every index takes every position, and follows
+    every other index, equally often (n orders for even n, 2n for odd). Rotating one order (round 1:
+    A B C, round 2: B C A, ...) balanced the positions but put every model after the same
+    neighbour in all but one round of n, so whatever a trial leaves behind (its drain, the caches
+    it filled, its server's background work) would fall on one model's figures every time."""
+    first = [0]
+    for i in range(1, n):  # 0, 1, n-1, 2, n-2, ...: the steps between neighbours are all distinct mod n
+        first.append((i + 1) // 2 if i % 2 else n - i // 2)
+    orders = [[(j + shift) % n for j in first] for shift in range(n)]
+    return orders if n % 2 == 0 else orders + [o[::-1] for o in orders]
+
+
 def trial_plan(models: list[str], rounds: int, warmup_rounds: int = 0) -> list[dict]:
-    """Round r sends to the models in order rotated by r: every model takes every position equally
-    often when rounds is a multiple of the number of models. Warm-up rounds come first, numbered
-    -warmup_rounds .. -1 (`measured` drops them)."""
-    plan = []
-    for r in range(-warmup_rounds, rounds):
-        k = r % len(models)
-        plan += [{"model": m, "round": r} for m in models[k:] + models[:k]]
-    return plan
+    """Round r sends to the models in the order `balanced_orders` gives it (r modulo the design's
+    length): every model takes every position, and follows every other model, equally often when
+    rounds is a multiple of the number of models (of twice that for an odd number). Warm-up rounds
+    come first, numbered -warmup_rounds .. -1 (`measured` drops them)."""
+    orders = balanced_orders(len(models))
+    return [{"model": models[i], "round": r} for r in range(-warmup_rounds, rounds) for i in orders[r % len(orders)]]
 
 
 def measured(trials: list[dict]) -> list[dict]:

@@ -210,7 +210,8 @@ def markdown(report: dict) -> str:
               f"- interleaved trials: {s['rounds']} rounds per load level, after {s.get('warmup_rounds', 0)} "
               f"unmeasured warm-up round(s); in each round every model runs one trial "
               f"({s['warmup_s']:g} s warm-up, then {s['duration_s']:g} s measured; requests in flight drain before "
-              f"the next trial), the order rotated from round to round",
+              f"the next trial), in orders where every model takes every position and follows every other "
+              f"model equally often (a Williams design)",
               f"- protocol: {s['protocol']}; prompts per workload: {s['prompts']} "
               f"(files: {', '.join(s['prompt_files'])}), seed {s['seed']}"]
     for w in s["workloads"]:
