@@ -216,6 +216,53 @@ def test_k_caps_the_tree_nodes_of_every_step(kit, method, k):  # noqa: F811
     assert max(sizes) == k
 
 
+
+@pytest.mark.parametrize("dtype, k, tree, mixed", [("float64", 4, (4, 5, 24), False), ("float32", 4, (4, 5, 24), False),
+                                                   ("float32", 6, (3, 4, 12), True), ("float64", 2, (3, 3, 8), False)])
+def test_eagle2_expands_only_nodes_that_can_be_kept_and_grows_the_same_tree(kit, monkeypatch, dtype, k, tree, mixed):  # noqa: F811
+    """Every recorded tree equals the one grown expanding every frontier node (eager at float64,
+    the native decoder at float32), from fewer head rows: a frontier node scoring below the k-th
+    best candidate so far is not expanded. The head's scores are sharpened (logits x 8: the same
+    argmax, so the same greedy output) so that the kept nodes spread over several subtrees (the
+    tiny kit's random heads are flat: their best nodes are the root's children); expanding only
+    each depth's best node then grows other trees, which is what this test must catch. `mixed`:
+    the rows of a batch ask for 1..k nodes, each tree no deeper than its own k."""
+    def run(expand):
+        if expand is not None:
+            monkeypatch.setattr(eagle_module, "worth_expanding", expand)
+        eng = build_engine(EngineConfig.of(method="eagle2", dtype=dtype, policy="fixed", max_batch=3, k=k,
+                                           eagle_tree=tree, **kit))
+        head, rows, target = eng.proposer.head, [], eng.proposer.target
+        forward, logits = head.forward, target.logits
+        target.logits = lambda hidden: logits(hidden) * 8
+        if mixed:  # the same k for a row in both runs: the tokens so far are the same
+            eng.policy.choose = lambda seqs: [1 + (len(s.tokens) + s.slot) % k for s in seqs]
+
+        def counted(embeds, features, positions=None, cache=None, slots=None, starts=None, tree_mask=None, lengths=None):
+            if tree_mask is not None:  # a tree depth's forward, not the catch-up
+                rows.append(sum(lengths) if lengths else embeds.shape[0] * embeds.shape[1])
+            return forward(embeds, features, positions, cache, slots, starts, tree_mask, lengths)
+        head.forward = counted
+        recorded = [(tokens, d.tokens, d.parents) for tokens, d in recorded_first_drafts(eng)]
+        monkeypatch.undo()
+        return recorded, sum(rows)
+
+    pruned, pruned_rows = run(None)
+    full, full_rows = run(lambda cands, frontier, n, depth: frontier)
+    assert pruned == full and pruned_rows < full_rows, (pruned_rows, full_rows)
+    if k > 2:  # two nodes are the root's best child and its best child, or two root children
+        best_only, _ = run(lambda cands, frontier, n, depth: frontier[:1])
+        assert best_only != full
+
+
+def test_worth_expanding_keeps_the_frontier_nodes_at_or_above_the_nth_best_score():
+    scores = [-0.1, -1.0, -2.0, -3.0, -3.0, -2.5]
+    cands = [(t, -1, v) for t, v in enumerate(scores)]
+    assert eagle_module.worth_expanding(cands, [0, 2, 3, 5], 3, 1) == [0, 2]  # the 3rd best: -2.0
+    assert eagle_module.worth_expanding(cands, [3, 4, 5], 5, 2) == [3, 4, 5]  # a tie at the 5th best is kept
+    assert eagle_module.worth_expanding(cands, [4, 1], 7, 3) == [4, 1]  # fewer candidates than kept nodes
+    assert eagle_module.worth_expanding(cands, [0, 1], 3, 3) == []  # 3 nodes reach depth 3 at most
+
 def test_medusa_tree_is_pruned_to_its_best_first_prefix_with_buffers_built_once(kit):  # noqa: F811
     eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", k=5, **kit))
     proposer = eng.proposer

@@ -203,7 +203,7 @@ class BatchContext:
             if padded:
                 valid = torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
                 self.write_pos = torch.where(valid, self.write_pos, scratch)
-                self.length = max(s + n for s, n in zip(starts, lengths))
+                self.length = max(s + W - T + n for s, n in zip(starts, lengths))  # after earlier tree nodes
         if W == 1 and same_start:
             self.mask = None  # one new token per sequence, same length: it sees every key
         else:
