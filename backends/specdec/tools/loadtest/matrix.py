@@ -1,9 +1,9 @@
 """`specdec loadtest`: the load matrix. For every workload and load level, the served models take
-turns in short trials (every model once a round, in orders that balance each model's position
-and predecessor: `balanced_orders`), so a slow period of the machine lands on every model of a
-round alike; each figure is then compared with the baseline's of the
-same round, and the verdict rests on the interval of those paired ratios (`intervals`,
-`guardrails`), not on one window's point estimate. Writes report.json, report.md and plots.
+turns in short trials (every model once a round, in orders that balance each model's position and
+predecessor: `balanced_orders`), so a slow period of the machine lands on every model of a round
+alike; each figure is then compared with the baseline's of the same round, and the verdict rests on
+the interval of those paired ratios (`intervals`, `guardrails`), not on one window's point
+estimate. Writes report.json, report.md and plots.
 
 Each (workload, load level) is one `locust --headless` process running a trial plan
 (`users.run_plan`): it drains the requests in flight between trials and records, per trial, the
