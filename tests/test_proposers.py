@@ -216,7 +216,6 @@ def test_k_caps_the_tree_nodes_of_every_step(kit, method, k):  # noqa: F811
     assert max(sizes) == k
 
 
-
 @pytest.mark.parametrize("dtype, k, tree, mixed", [("float64", 4, (4, 5, 24), False), ("float32", 4, (4, 5, 24), False),
                                                    ("float32", 6, (3, 4, 12), True), ("float64", 2, (3, 3, 8), False)])
 def test_eagle2_expands_only_nodes_that_can_be_kept_and_grows_the_same_tree(kit, monkeypatch, dtype, k, tree, mixed):  # noqa: F811
@@ -262,6 +261,7 @@ def test_worth_expanding_keeps_the_frontier_nodes_at_or_above_the_nth_best_score
     assert eagle_module.worth_expanding(cands, [3, 4, 5], 5, 2) == [3, 4, 5]  # a tie at the 5th best is kept
     assert eagle_module.worth_expanding(cands, [4, 1], 7, 3) == [4, 1]  # fewer candidates than kept nodes
     assert eagle_module.worth_expanding(cands, [0, 1], 3, 3) == []  # 3 nodes reach depth 3 at most
+
 
 def test_medusa_tree_is_pruned_to_its_best_first_prefix_with_buffers_built_once(kit):  # noqa: F811
     eng = build_engine(EngineConfig.of(method="medusa", dtype="float64", policy="fixed", k=5, **kit))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specdec.tools.loadtest.guardrails import AA_FIGURES, Guardrails, aa_check, verdicts
 from specdec.tools.loadtest.intervals import CONFIDENCE
+from specdec.tools.loadtest.matrix import balanced_orders
 from specdec.tools.loadtest.noise import FOREIGN_LOAD_CORES
 
 # (key, column title, scale, format): the tables' figures; times in ms
@@ -210,8 +211,8 @@ def markdown(report: dict) -> str:
               f"- interleaved trials: {s['rounds']} rounds per load level, after {s.get('warmup_rounds', 0)} "
               f"unmeasured warm-up round(s); in each round every model runs one trial "
               f"({s['warmup_s']:g} s warm-up, then {s['duration_s']:g} s measured; requests in flight drain before "
-              f"the next trial), in orders where every model takes every position and follows every other "
-              f"model equally often (a Williams design)",
+              f"the next trial), in a Williams design's orders (over every {len(balanced_orders(len(s['models'])))} "
+              f"rounds each model takes every position, and follows every other model, equally often)",
               f"- protocol: {s['protocol']}; prompts per workload: {s['prompts']} "
               f"(files: {', '.join(s['prompt_files'])}), seed {s['seed']}"]
     for w in s["workloads"]:
