@@ -225,11 +225,11 @@ class EagleProposer:
                         rows[i][where[b][a]] = True
                 mask.append(rows)
             lengths = [len(frontier[b]) for b in grow]
+            padded = min(lengths) < T
             grown = self.head(self.embed(torch.tensor(tokens, device=device)), torch.stack(features),
                               torch.tensor(positions, device=device), self.cache, [seqs[b].slot for b in grow],
-                              [starts[b] for b in grow], torch.tensor(mask, device=device),
-                              lengths if min(lengths) < T else None)
-            grown = torch.cat([grown[i, :n] for i, n in enumerate(lengths)]) if min(lengths) < T else grown.flatten(0, 1)
+                              [starts[b] for b in grow], torch.tensor(mask, device=device), lengths if padded else None)
+            grown = torch.cat([grown[i, :n] for i, n in enumerate(lengths)]) if padded else grown.flatten(0, 1)
             written += T
             node_logp = torch.log_softmax(self.target.logits(grown).float(), -1)
             values, indices = (t.tolist() for t in torch.topk(node_logp, tree.top_k, dim=-1))

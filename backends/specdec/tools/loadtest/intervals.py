@@ -1,9 +1,10 @@
 """Confidence intervals for "model figure / baseline figure" from interleaved, paired trials.
 
 The load matrix runs every model once per round at a load level (in orders that balance positions
-and neighbours), so a slow period of the machine lands on every model of that round alike. Each round gives one paired
-ratio r_i = figure(model, round i) / figure(baseline, round i); the interval is Student's t on the
-logs of those ratios (a ratio is multiplicative noise, and exp(mean log) is the geometric mean):
+and neighbours), so a slow period of the machine lands on every model of that round alike. Each
+round gives one paired ratio r_i = figure(model, round i) / figure(baseline, round i); the interval
+is Student's t on the logs of those ratios (a ratio is multiplicative noise, and exp(mean log) is
+the geometric mean):
 
     exp(mean(log r) +- t(1 - (1 - confidence) / 2, n - 1) * sd(log r) / sqrt(n))
 
