@@ -341,6 +341,67 @@ def test_a_rows_matmul_numbers_do_not_depend_on_the_rows_beside_it(half):
     assert torch.allclose(alone, x @ weight.T + bias, atol=1e-4)
 
 
+needs_bf16 = pytest.mark.skipif(not native.bfloat16_available(), reason="this CPU has no AVX512-BF16: no bfloat16 kernel is built")
+
+
+@needs_bf16
+def test_bfloat16_weights_multiply_rounded_values_and_a_rows_numbers_do_not_depend_on_the_rows_beside_it():
+    """A drafter's bfloat16 matmul (`native.blocked(..., bfloat16=True)`): the products of x and
+    the weight rounded to bfloat16, summed in float32, each row's the same bit for bit whatever
+    rows run beside it (64-column blocks and a 16-column remainder); an odd input width is left
+    to the float32 kernels."""
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(2 * 64 + 16, 96), torch.randn(2 * 64 + 16), torch.randn(8, 96)
+    packed = native.blocked(weight, bfloat16=True)
+    assert packed.dtype == torch.bfloat16
+    alone = torch.cat([native.matmul(x[r:r + 1], packed, bias, weight.shape[0]) for r in range(8)])
+    for rows in range(2, 9):
+        assert torch.equal(native.matmul(x[:rows], packed, bias, weight.shape[0]), alone[:rows]), rows
+    rounded = x.bfloat16().double() @ weight.bfloat16().double().T + bias.double()
+    assert torch.allclose(alone.double(), rounded, atol=1e-5)
+    assert not torch.allclose(alone, x @ weight.T + bias, atol=1e-4)  # rounded: not the float32 products
+    assert native.blocked(torch.randn(64, 95), bfloat16=True) is None
+
+
+@needs_bf16
+def drafter_weight_types(proposer) -> list[int]:
+    """The `decoder.c` weight types of a drafter's native matmuls."""
+    if hasattr(proposer, "heads"):  # Medusa
+        return [native.weight_type(x.blocked) for blocks, vocab in proposer.heads.inference
+                for x in [b.inference for b in blocks] + [vocab]]
+    drafter = getattr(proposer, "model", None) or proposer.head
+    heads = [drafter.head] if hasattr(proposer, "model") else [proposer.vocab, drafter.fc_inference]
+    return [drafter.native.decoder.wtype] + [native.weight_type(x.blocked) for x in heads]
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle", "eagle2", "medusa"])
+def test_drafters_in_bfloat16_propose_through_its_kernel_and_the_output_is_the_baselines(method):
+    """`draft_dtype` bfloat16 (the default) puts a drafter's native matmuls on the bfloat16 kernel
+    (its layers, output head, EAGLE's fc and a bfloat16 copy of the target's output head, Medusa's
+    heads); the
+    target verifies as before, so greedy output is the baseline's token for token, as it is with
+    float32 drafters."""
+    from specdec.core.config import EngineConfig
+    from specdec.core.engine_config import build_engine
+    from specdec.core.sampling import SamplingParams
+    from specdec.paths import DEMO_KIT
+    from specdec.tools.bench import kit_paths
+    from specdec.tools.prompts import heldout_prompts
+
+    prompts, params = heldout_prompts(3), SamplingParams(max_tokens=48, ignore_eos=True)
+    outputs = {}
+    for method_, dtype in (("baseline", "float32"), (method, "float32"), (method, "bfloat16")):
+        eng = build_engine(EngineConfig.of(method=method_, max_batch=3, policy="fixed", k=4, draft_dtype=dtype,
+                                           **kit_paths(DEMO_KIT)))
+        if method_ != "baseline":  # float32 drafters keep their float32 or float16 kernels
+            assert {t == 2 for t in drafter_weight_types(eng.proposer)} == {dtype == "bfloat16"}
+            assert eng.target.native.decoder.wtype != 2 and native.weight_type(eng.target.head.blocked) != 2
+        outputs[method_, dtype] = [r.token_ids for r in eng.generate(prompts, params)]
+        if method_ != "baseline":
+            assert eng.metrics.accepted_tokens > 0
+    assert outputs[method, "bfloat16"] == outputs["baseline", "float32"] == outputs[method, "float32"]
+
+
 @pytest.mark.parametrize("out_features", [16, 32, 48, 80])
 @pytest.mark.parametrize("half", [False, True])
 def test_outputs_narrower_than_a_64_column_block_are_computed(out_features, half):

@@ -231,9 +231,9 @@ def test_eagle2_expands_only_nodes_that_can_be_kept_and_grows_the_same_tree(kit,
             monkeypatch.setattr(eagle_module, "worth_expanding", expand)
         eng = build_engine(EngineConfig.of(method="eagle2", dtype=dtype, policy="fixed", max_batch=3, k=k,
                                            eagle_tree=tree, **kit))
-        head, rows, target = eng.proposer.head, [], eng.proposer.target
-        forward, logits = head.forward, target.logits
-        target.logits = lambda hidden: logits(hidden) * 8
+        head, rows = eng.proposer.head, []
+        forward, vocab = head.forward, eng.proposer.vocab
+        eng.proposer.vocab = lambda hidden: vocab(hidden) * 8
         if mixed:  # the same k for a row in both runs: the tokens so far are the same
             eng.policy.choose = lambda seqs: [1 + (len(s.tokens) + s.slot) % k for s in seqs]
 

@@ -26,6 +26,7 @@ from specdec.core.errors import ConfigurationError
 POLICIES = ("adaptive", "fixed")
 ACCEPTANCES = ("exact", "typical")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
+DRAFT_DTYPES = ("float32", "bfloat16")
 
 
 # ---- text forms of the structured values ------------------------------------------------------
@@ -126,6 +127,12 @@ class ProposerConfig:
         parse_medusa_tree, show_medusa_tree)
     eagle_tree: tuple[int, int, int] = setting(
         (4, 5, 24), "EAGLE-2 dynamic tree: top_k,depth,total_tokens", parse_eagle_tree, show_eagle_tree)
+    # a drafter's proposal is matmuls of one or a few rows, and on CPU their arithmetic bounds it:
+    # rounded to bfloat16, the kernel multiplies twice as much per instruction (`decoder.c`'s
+    # WT_BF16). Only what is proposed can change; the target verifies in `dtype` as before
+    draft_dtype: str = setting("bfloat16", "drafters' matmuls on CPU (draft model, EAGLE and Medusa heads); bfloat16 "
+                                           "where the CPU has AVX512-BF16, else float32; lossless either way: only "
+                                           "acceptance can move", choices=DRAFT_DTYPES)
     # a match of 1-2 tokens drafts little that is accepted (on the demo kit at fixed k = 4, after a
     # one-token match 0.97 of 4 draft tokens, after a 4-token one 3.70), and where the target's
     # verification is compute-bound each draft token costs about a plain step's arithmetic: 3

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from specdec.core.models.checkpoint import CheckpointError, load_weights
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.linear import InferenceLinear, one_row_packed
+from specdec.core.models.linear import InferenceLinear, one_row_packed, to_bfloat16
 from specdec.core.models.llama import DecoderLayer, RopeTable, prepare_inference, run_decoder
-from specdec.core.models.native import NativeDecoder
+from specdec.core.models.native import NativeDecoder, layer_linears
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -66,6 +66,10 @@ class MedusaHeads(nn.Module):
             for block in blocks:
                 block.inference = InferenceLinear(block.linear.weight, block.linear.bias, pack_one_row)
             self.inference.append((blocks, InferenceLinear(vocab.weight, pack_one_row=pack_one_row)))
+
+    def draft_in_bfloat16(self) -> bool:
+        """Every head's native matmuls in bfloat16 (`linear.to_bfloat16`); False where they stay float32."""
+        return to_bfloat16([x for blocks, vocab in self.inference for x in [b.inference for b in blocks] + [vocab]])
 
     def forward(self, hidden: Tensor, num_heads: int | None = None) -> Tensor:
         """[..., H] -> [num_heads, ..., V] logits of the first `num_heads` heads (all by default).
@@ -132,6 +136,14 @@ class EagleHead(nn.Module):
         prepare_inference(self.layers, pack_one_row)
         self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias, pack_one_row)
         self.native = NativeDecoder.for_layers(self.layers)
+
+    def draft_in_bfloat16(self) -> bool:
+        """Its layers' and fc's native matmuls in bfloat16 (`linear.to_bfloat16`); False where
+        they stay float32."""
+        if not to_bfloat16(layer_linears(self.layers) + [self.fc_inference]):
+            return False
+        self.native = NativeDecoder.for_layers(self.layers)
+        return True
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.linear import InferenceLinear, one_row_packed
-from specdec.core.models.native import NativeChain, NativeDecoder
+from specdec.core.models.linear import InferenceLinear, one_row_packed, to_bfloat16
+from specdec.core.models.native import NativeChain, NativeDecoder, layer_linears
 
 
 class RMSNorm(nn.Module):
@@ -379,3 +379,12 @@ class LlamaForCausalLM(nn.Module):
         self.head = InferenceLinear(self.lm_head.weight, pack_one_row=pack_one_row)
         self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)
         self.native_step = NativeChain.build(self.native, self.model.embed_tokens.weight, self.head)
+
+    def draft_in_bfloat16(self) -> bool:
+        """This model as a drafter (after `prepare_inference`): its layers' and output head's
+        native matmuls in bfloat16 (`linear.to_bfloat16`); False where they stay float32."""
+        if not to_bfloat16(layer_linears(self.model.layers) + [self.head]):
+            return False
+        self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)
+        self.native_step = NativeChain.build(self.native, self.model.embed_tokens.weight, self.head)
+        return True

@@ -23,6 +23,7 @@ from torch import Tensor
 from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
+from specdec.core.models.linear import InferenceLinear, one_row_packed, to_bfloat16
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
 from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, feature_addresses,
@@ -47,9 +48,11 @@ class EagleProposer:
 
     def __init__(
         self, head: EagleHead, target: LlamaForCausalLM, k: int = 4, tree: EagleTree | None = None,
-        eos_ids: list[int] = (),
+        eos_ids: list[int] = (), vocab: InferenceLinear | None = None,
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
+        # the output head a draft's logits come from: the target's, or a bfloat16 copy (`draft_dtype`)
+        self.vocab = vocab or target.head
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}  # pairs fed; those from here to the root's are pending
         # per slot, the true-feature blocks not fed yet as (pairs, hidden, row, path), each made
@@ -57,7 +60,7 @@ class EagleProposer:
         # block every step, 2% of a plain step at batch 1, for a catch-up that may never come)
         self.pending: dict[int, list[tuple[int, Tensor, int, tuple[int, ...] | range]]] = {}
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
-        self.chain = None if tree else NativeChain.build(head.native, target.model.embed_tokens.weight, target.head,
+        self.chain = None if tree else NativeChain.build(head.native, target.model.embed_tokens.weight, self.vocab,
                                                          head.fc_inference)
 
     def depth_for(self, k: int) -> int:
@@ -166,7 +169,7 @@ class EagleProposer:
         qs: list[list[Tensor]] = [[] for _ in seqs]
         rows = list(range(len(seqs)))
         for depth in range(1, max(ks) + 1):
-            tokens, row_qs = next_draft_tokens([seqs[r] for r in rows], self.target.logits(feature), depth, self.eos_ids)
+            tokens, row_qs = next_draft_tokens([seqs[r] for r in rows], self.vocab(feature), depth, self.eos_ids)
             for r, tok, q in zip(rows, tokens, row_qs):
                 out[r].append(tok)
                 if q is not None:
@@ -191,7 +194,7 @@ class EagleProposer:
         tree, device = self.tree, root_feature.device
         B = len(seqs)
         keep_n = [min(k, self.max_k) for k in ks]
-        logp = torch.log_softmax(self.target.logits(root_feature).float(), -1)
+        logp = torch.log_softmax(self.vocab(root_feature).float(), -1)
         values, indices = (t.tolist() for t in torch.topk(logp, tree.top_k, dim=-1))
         # candidate nodes per sequence: (token, parent candidate index, cumulative score), and
         # each candidate's ancestors (root side first), built once when the candidate is made
@@ -231,7 +234,7 @@ class EagleProposer:
                               [starts[b] for b in grow], torch.tensor(mask, device=device), lengths if padded else None)
             grown = torch.cat([grown[i, :n] for i, n in enumerate(lengths)]) if padded else grown.flatten(0, 1)
             written += T
-            node_logp = torch.log_softmax(self.target.logits(grown).float(), -1)
+            node_logp = torch.log_softmax(self.vocab(grown).float(), -1)
             values, indices = (t.tolist() for t in torch.topk(node_logp, tree.top_k, dim=-1))
             row = 0
             for b in grow:
@@ -290,4 +293,9 @@ def build(cfg: EngineConfig, target: Target) -> EagleProposer:
     if head.config.hidden_size != target.model.config.hidden_size:
         raise ConfigurationError("EAGLE head hidden size differs from the target's")
     tree = EagleTree(*p.eagle_tree) if p.method == "eagle2" else None
-    return EagleProposer(head, target.model, p.k, tree, target.eos_ids)
+    vocab = None
+    if p.draft_dtype == "bfloat16" and head.draft_in_bfloat16():
+        vocab = InferenceLinear(target.model.lm_head.weight, pack_one_row=one_row_packed(target.model))
+        if not to_bfloat16([vocab]):
+            vocab = None
+    return EagleProposer(head, target.model, p.k, tree, target.eos_ids, vocab)

@@ -118,9 +118,9 @@ def library() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.specdec_decoder_forward.restype = ctypes.c_int
     lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64]
-    for matmul in (lib.specdec_matmul, lib.specdec_matmul_f16):
-        matmul.restype = ctypes.c_int
-        matmul.argtypes = [p, i64, i64, p, p, i64, p]
+    lib.specdec_matmul.restype = ctypes.c_int
+    lib.specdec_matmul.argtypes = [ctypes.c_int32, p, i64, i64, p, p, i64, p]
+    lib.specdec_has_bf16.restype = ctypes.c_int
     lib.specdec_greedy_draft.restype = ctypes.c_int
     lib.specdec_greedy_draft.argtypes = [p, p, i64, i64, p, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
     lib.specdec_target_step.restype = ctypes.c_int
@@ -147,36 +147,62 @@ class _Layer(ctypes.Structure):
 class _Decoder(ctypes.Structure):
     _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("n_heads", ctypes.c_int32),
                 ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("inter", ctypes.c_int32),
-                ("f16", ctypes.c_int32), ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
+                ("wtype", ctypes.c_int32), ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
 
 
-def blocked(weight: Tensor) -> Tensor | None:
+def bfloat16_available() -> bool:
+    """Whether the native matmul takes bfloat16 weights here (built for a CPU with AVX512-BF16)."""
+    lib = library()
+    return lib is not None and lib.specdec_has_bf16() == 1
+
+
+def blocked(weight: Tensor, bfloat16: bool = False) -> Tensor | None:
     """A linear's weight [out, in] in the layout `decoder.c`'s matmul reads: transposed, its
     columns in contiguous [in, 64] blocks (then [in, 16] for a remainder), each streamed in order.
     Stored as float16 where every value is one (a checkpoint saved in half precision, as the demo
     kit's): the kernel widens them exactly, so results are the float32 ones bit for bit, and a
     one-row step, which streams every weight from memory, reads half the bytes (`docs/engine.md`).
-    None where the native matmul cannot take it (no library, not float32 on CPU, out % 16)."""
+    With `bfloat16` (a drafter's, where `bfloat16_available`), rounded to bfloat16 (to nearest
+    even), each block's rows in pairs: [in / 2, 64, 2], as the kernel's vdpbf16ps takes them.
+    None where the native matmul cannot take it (no library, not float32 on CPU, out % 16; in odd
+    or no bfloat16 kernel, where asked)."""
     if library() is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[0] % 16:
+        return None
+    if bfloat16 and (weight.shape[1] % 2 or not bfloat16_available()):
         return None
     wt = weight.detach().t()
     whole = wt.shape[1] // 64 * 64
     blocks = [wt[:, o : o + 64] for o in range(0, whole, 64)] + [wt[:, o : o + 16] for o in range(whole, wt.shape[1], 16)]
+    if bfloat16:
+        return torch.cat([b.reshape(-1, 2, b.shape[1]).transpose(1, 2).flatten() for b in blocks]).to(torch.bfloat16)
     flat = torch.cat([b.contiguous().flatten() for b in blocks])
     half = flat.to(torch.float16)
     return half if torch.equal(half.to(torch.float32), flat) else flat
+
+
+WEIGHT_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # decoder.c's WT_F32, WT_F16, WT_BF16
+
+
+def weight_type(blocked_weight: Tensor) -> int:
+    """The `decoder.c` type of a `blocked` weight: its kernel."""
+    return WEIGHT_TYPES[blocked_weight.dtype]
 
 
 def matmul(x: Tensor, blocked_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """x [..., in] @ weight.T + bias through the native kernel; x float32 on CPU, few rows."""
     x = x.contiguous()
     out = x.new_empty(*x.shape[:-1], out_features)
-    kernel = library().specdec_matmul_f16 if blocked_weight.dtype == torch.float16 else library().specdec_matmul
-    rc = kernel(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], blocked_weight.data_ptr(),
-                None if bias is None else bias.data_ptr(), out_features, out.data_ptr())
+    rc = library().specdec_matmul(weight_type(blocked_weight), x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1],
+                                  blocked_weight.data_ptr(), None if bias is None else bias.data_ptr(), out_features,
+                                  out.data_ptr())
     if rc != 0:
         raise RuntimeError(f"native matmul failed with code {rc}")
     return out
+
+
+def layer_linears(layers: nn.ModuleList) -> list["InferenceLinear"]:
+    """Every decoder layer's inference projections (after `llama.prepare_inference`)."""
+    return [x for layer in layers for x in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down)]
 
 
 class NativeDecoder:
@@ -207,7 +233,7 @@ class NativeDecoder:
         self.layer_array = (_Layer * len(structs))(*structs)
         a = layers[0].self_attn
         self.decoder = _Decoder(len(structs), a.qkv.in_features, a.n_heads, a.n_kv, a.head_dim,
-                                layers[0].mlp.down.in_features, a.qkv.blocked.dtype == torch.float16,
+                                layers[0].mlp.down.in_features, weight_type(a.qkv.blocked),
                                 layers[0].post_attention_layernorm.eps,
                                 self.layer_array, own(None if norm is None else norm.weight))
         self.decoder_ptr = ctypes.addressof(self.decoder)
@@ -218,13 +244,13 @@ class NativeDecoder:
         None where they must stay eager (no library, not float32 on CPU, a shape the kernel does
         not take)."""
         a, m = layers[0].self_attn, layers[0].mlp
-        linears = [x for layer in layers for x in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down)]
+        linears = layer_linears(layers)
         dims = (a.qkv.in_features, a.head_dim, m.down.in_features, a.n_heads * a.head_dim)
         if any(x.blocked is None for x in linears) or any(n % 16 for n in dims) or a.head_dim > 512:
             return None
         if len({x.blocked.dtype for x in linears}) > 1:  # one kernel per call: all float32 then
             for x in linears:
-                x.blocked = x.blocked.to(torch.float32)
+                x.blocked = blocked(x.weight).to(torch.float32)
         return NativeDecoder(layers, norm, library())
 
     def __call__(self, x: Tensor, positions: Tensor, rope: "RopeTable", cache: "KVCache", slots: list[int],
@@ -258,9 +284,9 @@ class NativeDecoder:
 
 
 class _Chain(ctypes.Structure):
-    _fields_ = [("embed", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_f16", ctypes.c_int32),
+    _fields_ = [("embed", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_wtype", ctypes.c_int32),
                 ("vocab", ctypes.c_int64), ("fc", ctypes.c_void_p), ("fc_bias", ctypes.c_void_p),
-                ("fc_f16", ctypes.c_int32)]
+                ("fc_wtype", ctypes.c_int32)]
 
 
 class NativeChain:
@@ -277,10 +303,10 @@ class NativeChain:
                  fc: "InferenceLinear | None" = None) -> None:
         self.decoder = decoder
         self.keep = [embed, head.blocked] + ([] if fc is None else [fc.blocked] + ([] if fc.bias is None else [fc.bias]))
-        self.chain = _Chain(embed.data_ptr(), head.blocked.data_ptr(), head.blocked.dtype == torch.float16,
+        self.chain = _Chain(embed.data_ptr(), head.blocked.data_ptr(), weight_type(head.blocked),
                             head.out_features, None if fc is None else fc.blocked.data_ptr(),
                             None if fc is None or fc.bias is None else fc.bias.data_ptr(),
-                            fc is not None and fc.blocked.dtype == torch.float16)
+                            0 if fc is None else weight_type(fc.blocked))
         self.chain_ptr = ctypes.addressof(self.chain)
 
     @staticmethod

@@ -17,9 +17,10 @@
  * [in, out] matrix are one contiguous [in, bw] block starting at ob * in, bw = 64 while 64 columns
  * remain, then 16 (`native/__init__.py`'s `blocked`). 16 outputs are one vector, so no horizontal sums are
  * needed, and a block streams from memory in order; output dimensions must be multiples of 16.
- * A model's weights are float32, or float16 where every value is one (`Decoder.f16`, the
+ * A model's weights are float32, or float16 where every value is one (`Decoder.wtype`, the
  * `_f16` matmul): widened on load, the products and sums are the float32 ones bit for bit, and a
- * one-row step, which streams every weight from memory, reads half the bytes.
+ * one-row step, which streams every weight from memory, reads half the bytes. A drafter's may be
+ * bfloat16 instead (`WT_BF16`, below: rounded, so its drafts may differ; verification does not).
  *
  * Threads (`specdec_set_threads`, the engine's runtime.threads): each matmul's column blocks and
  * each attention (row, head) pair are split over a small pool, the caller included. A column or a
@@ -42,6 +43,8 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 typedef _Float16 h16 __attribute__((vector_size(32), aligned(2)));
 
+enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2 }; /* a blocked weight's type (`native.weight_type`) */
+
 typedef struct {
     const float *in_norm;   /* [H], or NULL: no input norm (EAGLE's first layer) */
     const void *qkv;        /* [H, (nq + 2 nkv) hd], transposed and blocked (above) */
@@ -55,7 +58,7 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter;
-    int32_t f16; /* the weight matrices are float16 (else float32) */
+    int32_t wtype; /* the weight matrices' type: WT_F32, WT_F16 or WT_BF16 */
     float eps;
     const Layer *layers;
     const float *final_norm; /* [H], or NULL: the caller's output is the last layer's */
@@ -317,6 +320,88 @@ MM8_KERNELS(_Float16, ld8_f16)
 #define matmul_ld_f16 matmul_ld8_f16
 #endif
 
+/* bfloat16 weights (WT_BF16): a drafter's, where the CPU has AVX512-BF16 (`specdec_has_bf16`).
+ * Why: a drafter's proposal is matmuls of one or a few rows, bound by the FMA pipes (the demo
+ * kit's EAGLE head, two layers as wide as the target's four, cost 0.68 ms a proposal beside a
+ * 0.23 ms plain step); vdpbf16ps multiplies two pairs of bfloat16s per float32 lane where an FMA
+ * multiplies one pair of floats: one row of the kit's shapes ran 99-115 GFLOP/s against float32's
+ * 48-57 (a C harness over this file, warm). The input rows are rounded to bfloat16 too (to
+ * nearest even), once per matmul. A draft is only a proposal: the target verifies it in float32
+ * as before, so output is unchanged and only acceptance can move. Layout: a block's [in, bw]
+ * columns as [in / 2, bw, 2], each 32-bit lane's pair (w[2p, j], w[2p + 1, j]) beside the input
+ * pair (x[2p], x[2p + 1]) broadcast to every lane (`native.blocked`). Each output still sums its
+ * pairs in order in one accumulator whatever the rows beside it, so a row's draft does not depend
+ * on its batch. */
+#if defined(__AVX512BF16__)
+#define MMB_KERNEL(RB, NC)                                                                       \
+    static void mmb_##RB##_##NC(const uint32_t *x, int64_t N, const uint16_t *wt, int64_t M,    \
+                                int64_t ob, const float *bias, float *out) {                    \
+        const int64_t P = N / 2;                                                                 \
+        __m512 acc[RB][NC];                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                                     \
+            acc[r][c] = bias ? _mm512_loadu_ps(bias + ob + 16 * c) : _mm512_setzero_ps();        \
+        _Pragma("GCC unroll 1") for (int64_t p = 0; p < P; p++) {                                \
+            const uint16_t *w = wt + ob * N + p * 32 * NC;                                       \
+            __m512i wv[NC];                                                                      \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
+                wv[c] = _mm512_loadu_si512((const void *)(w + 32 * c));                          \
+                IN_REGISTER(wv[c]);                                                              \
+            }                                                                                    \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
+                __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[r * P + p]);                    \
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                             \
+                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, (__m512bh)wv[c]);                \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + r * M + ob + 16 * c, acc[r][c]); \
+    }
+MMB_KERNEL(1, 4) MMB_KERNEL(2, 4) MMB_KERNEL(3, 4) MMB_KERNEL(4, 4) MMB_KERNEL(5, 4) MMB_KERNEL(6, 4)
+MMB_KERNEL(1, 1) MMB_KERNEL(2, 1) MMB_KERNEL(3, 1) MMB_KERNEL(4, 1) MMB_KERNEL(5, 1) MMB_KERNEL(6, 1)
+/* out [R, begin .. end) of x [R, N / 2] (bfloat16 pairs, `to_bf16_pairs`) @ wt (bfloat16 blocked) + bias */
+static void matmul_bf16(const uint32_t *x, int64_t R, int64_t N, const uint16_t *wt, const float *bias, int64_t M,
+                        float *out, int64_t begin, int64_t end) {
+    typedef void (*fn)(const uint32_t *, int64_t, const uint16_t *, int64_t, int64_t, const float *, float *);
+    static const fn by4[ROWS + 1] = {0, mmb_1_4, mmb_2_4, mmb_3_4, mmb_4_4, mmb_5_4, mmb_6_4};
+    static const fn by1[ROWS + 1] = {0, mmb_1_1, mmb_2_1, mmb_3_1, mmb_4_1, mmb_5_1, mmb_6_1};
+    int64_t whole = M / 64 * 64, ob = begin;
+    for (; ob < whole && ob < end; ob += 64)
+        for (int64_t r = 0, rb; r < R; r += rb)
+            by4[rb = row_block(R - r)](x + r * (N / 2), N, wt, M, ob, bias, out + r * M);
+    for (; ob < end; ob += 16)
+        for (int64_t r = 0, rb; r < R; r += rb)
+            by1[rb = row_block(R - r)](x + r * (N / 2), N, wt, M, ob, bias, out + r * M);
+}
+/* x [R, N] rounded to bfloat16 (to nearest even, as torch's conversion), as [R, N / 2] pairs in a
+ * buffer of the calling thread's, valid until its next call; NULL where it cannot grow */
+static const uint32_t *to_bf16_pairs(const float *x, int64_t R, int64_t N) {
+    static __thread uint16_t *buf;
+    static __thread int64_t cap;
+    if (R * N > cap) {
+        uint16_t *grown = realloc(buf, sizeof(uint16_t) * R * N);
+        if (!grown) return NULL;
+        buf = grown, cap = R * N;
+    }
+    int64_t n = R * N, i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(buf + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        buf[i] = (u & 0x7fffffff) > 0x7f800000 ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+    return (const uint32_t *)buf;
+}
+#endif
+
+int specdec_has_bf16(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* A pool of worker threads for parallel sections, started on demand. The caller runs part 0 of
  * each section; a worker spins up to SPIN_NS for the next one, then sleeps on a condition
  * variable (when idle). A forward's sections follow each other within microseconds, and the
@@ -418,8 +503,8 @@ static void parallel(part_fn fn, void *arg, int parts) {
 /* A matmul as a parallel section: part p computes the columns from p M / parts, rounded down to
  * its block's start, to the next part's start. */
 typedef struct {
-    int f16; /* the weights are float16 (else float32) */
-    const float *x;
+    int wtype; /* the weights' type (WT_F32 ...); for WT_BF16, x is bfloat16 pairs */
+    const void *x;
     int64_t R, N;
     const void *wt;
     const float *bias;
@@ -435,39 +520,44 @@ static int64_t block_start(int64_t col, int64_t M) {
 static void matmul_part(void *arg, int p, int parts) {
     const MatmulJob *j = arg;
     int64_t begin = block_start(j->M * p / parts, j->M), end = block_start(j->M * (p + 1) / parts, j->M);
-    if (j->f16) matmul_ld_f16(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
+#if defined(__AVX512BF16__)
+    if (j->wtype == WT_BF16) matmul_bf16(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
+    else
+#endif
+    if (j->wtype == WT_F16) matmul_ld_f16(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
     else matmul_ld_f32(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
 }
 
-/* out [R, M] = x [R, N] @ wt + bias, float16 or float32 weights; split over the pool's threads
+/* out [R, M] = x [R, N] @ wt + bias, weights of type `wtype`; split over the pool's threads
  * where there are at least two 64-column blocks to share (one part below 64 columns: with none,
- * an output of 16-48 columns was never computed). */
-static void matmul_any(int f16, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
-                       int64_t M, float *out) {
-    MatmulJob j = {f16, x, R, N, wt, bias, M, out};
+ * an output of 16-48 columns was never computed). Bfloat16 weights take x rounded to bfloat16
+ * pairs first (N even); where that buffer cannot grow, out is left as it was (-2). */
+static int matmul_any(int wtype, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
+                      int64_t M, float *out) {
+    const void *in = x;
+#if defined(__AVX512BF16__)
+    if (wtype == WT_BF16 && !(in = to_bf16_pairs(x, R, N))) return -2;
+#else
+    if (wtype == WT_BF16) return -1;
+#endif
+    MatmulJob j = {wtype, in, R, N, wt, bias, M, out};
     int64_t parts = M / 64 < MAX_THREADS ? M / 64 : MAX_THREADS;
     parallel(matmul_part, &j, (int)(parts > 1 ? parts : 1));
+    return 0;
 }
 
 /* A decoder's matmul: its weights' type decides the kernel. */
-static void matmul(const Decoder *d, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
+static int matmul(const Decoder *d, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
                    int64_t M, float *out) {
-    matmul_any(d->f16, x, R, N, wt, bias, M, out);
+    return matmul_any(d->wtype, x, R, N, wt, bias, M, out);
 }
 
 /* The same matmul for a projection outside the decoder layers (output heads, EAGLE's fc,
  * Medusa's heads): `linear.InferenceLinear` sends up to NATIVE_MAX_ROWS rows here. */
-int specdec_matmul(const float *x, int64_t R, int64_t N, const float *wt, const float *bias, int64_t M, float *out) {
-    if (M % 16) return -1;
-    matmul_any(0, x, R, N, wt, bias, M, out);
-    return 0;
-}
-
-int specdec_matmul_f16(const float *x, int64_t R, int64_t N, const _Float16 *wt, const float *bias, int64_t M,
-                       float *out) {
-    if (M % 16) return -1;
-    matmul_any(1, x, R, N, wt, bias, M, out);
-    return 0;
+int specdec_matmul(int32_t wtype, const float *x, int64_t R, int64_t N, const void *wt, const float *bias, int64_t M,
+                   float *out) {
+    if (M % 16 || N % 2 || wtype < WT_F32 || wtype > WT_BF16) return -1;
+    return matmul_any(wtype, x, R, N, wt, bias, M, out);
 }
 
 /* The rest of a forward (norms, SiLU, attention) works on `vf`, VW floats: one register, 16 with
@@ -844,6 +934,7 @@ int specdec_decoder_forward(
     for (int64_t n = 0; n < R; n++)  /* rows[n] >= n: in order, nothing is overwritten before it moves */
         if (rows[n] != n) memcpy(x + n * H, x + rows[n] * H, H * sizeof(float));
 
+    int rc = 0;
     for (int32_t l = 0; l < d->n_layers; l++) {
         const Layer *L = &d->layers[l];
         float *kc = k_cache + l * layer_stride, *vc = v_cache + l * layer_stride;
@@ -851,7 +942,7 @@ int specdec_decoder_forward(
             if (L->in_norm) rms_norm(x + r * H, L->in_norm, H, d->eps, xn + r * H);
             else memcpy(xn + r * H, x + r * H, H * sizeof(float));
         }
-        matmul(d, xn, R, H, L->qkv, L->qkv_bias, QKV, qkv);
+        if ((rc = matmul(d, xn, R, H, L->qkv, L->qkv_bias, QKV, qkv))) break;
         /* rotary on queries and keys, then keys and values into their slots */
         for (int64_t r = 0; r < R; r++) {
             int64_t b = rows[r] / T, i = rows[r] % T, p = positions[rows[r]];
@@ -864,16 +955,16 @@ int specdec_decoder_forward(
         Attention job = {qkv, att, scores, chunk * query_stride, query_stride, rows, T, QKV, nq, nkv, hd, group, scale,
                          kc, vc, slot_stride, slots, starts, W, tree_mask, R, chunk_pairs, chunk_off, n_chunks};
         parallel(attention_part, &job, (int)(n_chunks < parts ? n_chunks : parts));
-        matmul(d, att, R, nq * hd, L->o, L->o_bias, H, xn);
+        if ((rc = matmul(d, att, R, nq * hd, L->o, L->o_bias, H, xn))) break;
         for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
         for (int64_t r = 0; r < R; r++) rms_norm(x + r * H, L->post_norm, H, d->eps, xn + r * H);
-        matmul(d, xn, R, H, L->gate_up, NULL, 2 * I, gu);
+        if ((rc = matmul(d, xn, R, H, L->gate_up, NULL, 2 * I, gu))) break;
         for (int64_t r = 0; r < R; r++)
             for (int64_t n = 0; n < I; n += VW) {  /* SiLU(gate) * up */
                 vf g = ldv(gu + r * 2 * I + n);
                 stv(act + r * I + n, g / (1.0f + expv((vf){0} - g)) * ldv(gu + r * 2 * I + I + n));
             }
-        matmul(d, act, R, I, L->down, NULL, H, xn);
+        if ((rc = matmul(d, act, R, I, L->down, NULL, H, xn))) break;
         for (int64_t n = 0; n < R * H; n++) x[n] += xn[n];
     }
     if (d->final_norm)
@@ -890,18 +981,18 @@ int specdec_decoder_forward(
     else if (rows[0] > 0) memset(x, 0, rows[0] * H * sizeof(float));
     free(buf);
     free(rows);
-    return 0;
+    return rc;
 }
 
 /* A chain drafter's output head and input (`native/__init__.py`'s `NativeChain`). */
 typedef struct {
     const float *embed;   /* [V, H]: token embeddings */
     const void *head;     /* [H, V] blocked: the output head */
-    int32_t head_f16;
+    int32_t head_wtype;
     int64_t vocab;
     const void *fc;       /* [2 H, H] blocked, or NULL: EAGLE's projection of (embedding, feature) */
     const float *fc_bias; /* [H] or NULL */
-    int32_t fc_f16;
+    int32_t fc_wtype;
 } Chain;
 
 /* The first index of a row's largest logit, as torch's argmax (a NaN counts as the largest),
@@ -973,7 +1064,7 @@ int specdec_greedy_draft(
         }
     if (rc == 0 && c->fc) {
         float *projected = cat + R * 2 * H;
-        matmul_any(c->fc_f16, cat, R, 2 * H, c->fc, c->fc_bias, H, projected);
+        rc = matmul_any(c->fc_wtype, cat, R, 2 * H, c->fc, c->fc_bias, H, projected);
         for (int64_t b = 0, n = 0; b < B; n += lengths[b], b++)
             memcpy(x + b * T * H, projected + n * H, lengths[b] * H * sizeof(float));
     }
@@ -990,7 +1081,7 @@ int specdec_greedy_draft(
         if (j > 1) {
             for (int64_t r = 0; r < n; r++)
                 chain_input(c, out[rows[r] * M + j - 2], feature + rows[r] * H, H, h + r * H, c->fc ? cat + r * 2 * H : NULL);
-            if (c->fc) matmul_any(c->fc_f16, cat, n, 2 * H, c->fc, c->fc_bias, H, h);
+            if (c->fc && (rc = matmul_any(c->fc_wtype, cat, n, 2 * H, c->fc, c->fc_bias, H, h))) break;
             rc = specdec_decoder_forward(d, h, n, 1, row_pos, cos, sin, k_cache, v_cache, layer_stride,
                                          slot_stride, row_slots, row_pos, NULL, NULL, 1);
             if (rc) break;
@@ -998,7 +1089,7 @@ int specdec_greedy_draft(
         } else {
             for (int64_t r = 0; r < n; r++) memcpy(h + r * H, feature + rows[r] * H, H * sizeof(float));
         }
-        matmul_any(c->head_f16, h, n, H, c->head, NULL, V, logits);
+        if ((rc = matmul_any(c->head_wtype, h, n, H, c->head, NULL, V, logits))) break;
         for (int64_t r = 0; r < n; r++) {
             int64_t b = rows[r];
             out[b * M + j - 1] = argmax_row(logits + r * V, V, eos, n_eos, j <= eos_until[b]);
@@ -1054,9 +1145,9 @@ static int step_logits(
         memcpy(h + n * H, x + b * T * H, m * H * sizeof(float));
         n += m;
     }
-    matmul_any(c->head_f16, h, R, H, c->head, NULL, V, logits);
+    rc = matmul_any(c->head_wtype, h, R, H, c->head, NULL, V, logits);
     free(h);
-    return 0;
+    return rc;
 }
 
 /* A target's whole step, `step_logits`: the logits [R, V] into `logits` (a step whose rows
