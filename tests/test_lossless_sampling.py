@@ -18,6 +18,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine
 from specdec.core.models.checkpoint import load_model
 from specdec.core.sampling import SamplingParams, probs
+from test_native import drafter_weight_types, needs_bf16
 from tiny_checkpoints import make_heads, make_small_vocab_model
 
 V = 8
@@ -34,7 +35,7 @@ def small(tmp_path_factory, tokenizer_dir):
     return dict(target=str(target), draft=str(draft), medusa=str(root / "medusa"), eagle=str(root / "eagle"))
 
 
-def exact_joint(target_dir: str, params: SamplingParams) -> torch.Tensor:
+def exact_joint(target_dir: str, params: SamplingParams, vocab: int = V) -> torch.Tensor:
     """P(t1, t2, t3 | prompt) under the target with the sampling transform, by enumeration."""
     model = load_model(target_dir, torch.float64)
     with torch.no_grad():
@@ -43,8 +44,8 @@ def exact_joint(target_dir: str, params: SamplingParams) -> torch.Tensor:
             return probs(model.logits(model(toks))[:, -1], params)
 
         p1 = dist([()])[0]
-        p2 = dist([(a,) for a in range(V)])  # [V, V]
-        p3 = dist(list(itertools.product(range(V), repeat=2))).view(V, V, V)
+        p2 = dist([(a,) for a in range(vocab)])  # [V, V]
+        p3 = dist(list(itertools.product(range(vocab), repeat=2))).view(vocab, vocab, vocab)
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
@@ -105,3 +106,33 @@ def test_typical_acceptance_is_opt_in_and_measurably_lossy(small):
                                     typical_threshold=0.3, typical_alpha=0.9)
     assert metrics.accepted_tokens > 0
     assert p_value(counts, exact_joint(small["target"], params)) < 1e-3
+
+
+@pytest.mark.slow
+@needs_bf16
+@pytest.mark.parametrize("method", ["draft", "eagle"])
+def test_bfloat16_drafters_sample_from_the_target_distribution(tmp_path_factory, tokenizer_dir, method):
+    """Sampled drafts from bfloat16 drafters (the default `draft_dtype`) are drawn from, and
+    judged with, the same rounded distribution, so the output still follows the target's: float32
+    models the native kernels take (a 16-token vocabulary, head_dim 16), the second and third
+    tokens' joint over the first (256 cells) against the exact one, with the same power check."""
+    vocab, n = 16, 10000
+    root = tmp_path_factory.mktemp("bf16")
+    target = make_small_vocab_model(root / "target", tokenizer_dir, vocab, seed=11, hidden=64)
+    draft = make_small_vocab_model(root / "draft", tokenizer_dir, vocab, seed=12, hidden=64, scale=2.0)
+    make_heads(target, root / "medusa", root / "eagle", seed=13, medusa_heads=2)
+    params = SamplingParams(max_tokens=3, temperature=0.8, top_p=0.95, ignore_eos=True)
+    eng = build_engine(EngineConfig.of(method=method, dtype="float32", policy="fixed", max_batch=64, k=2,
+                                       target=str(target), draft=str(draft), eagle=str(root / "eagle")))
+    assert set(drafter_weight_types(eng.proposer)) == {2}
+    results = eng.generate([PROMPT] * n, [SamplingParams(**{**params.__dict__, "seed": i}) for i in range(n)])
+    counts = torch.zeros(vocab, vocab)
+    for r in results:
+        counts[r.token_ids[1], r.token_ids[2]] += 1
+
+    def later(p: SamplingParams) -> torch.Tensor:
+        return exact_joint(str(target), p, vocab).sum(0)
+
+    assert p_value(counts, later(params)) > 1e-3
+    assert p_value(counts, later(SamplingParams(**{**params.__dict__, "temperature": params.temperature * 1.15}))) < 1e-3
+    assert 0 < eng.metrics.accepted_tokens < eng.metrics.draft_tokens

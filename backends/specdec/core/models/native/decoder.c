@@ -324,8 +324,9 @@ MM8_KERNELS(_Float16, ld8_f16)
  * Why: a drafter's proposal is matmuls of one or a few rows, bound by the FMA pipes (the demo
  * kit's EAGLE head, two layers as wide as the target's four, cost 0.68 ms a proposal beside a
  * 0.23 ms plain step); vdpbf16ps multiplies two pairs of bfloat16s per float32 lane where an FMA
- * multiplies one pair of floats: one row of the kit's shapes ran 99-115 GFLOP/s against float32's
- * 48-57 (a C harness over this file, warm). The input rows are rounded to bfloat16 too (to
+ * multiplies one pair of floats: one row of the kit's shapes ran 84-92 GFLOP/s against float32's
+ * 45-48, five rows 215-225 against 108-115 (a C harness over this file, weights in L3; a 256-bit
+ * variant and a prefetching one were no faster). The input rows are rounded to bfloat16 too (to
  * nearest even), once per matmul. A draft is only a proposal: the target verifies it in float32
  * as before, so output is unchanged and only acceptance can move. Layout: a block's [in, bw]
  * columns as [in / 2, bw, 2], each 32-bit lane's pair (w[2p, j], w[2p + 1, j]) beside the input
