@@ -52,7 +52,7 @@ class EagleProposer:
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
         # the output head a draft's logits come from: the target's, or a bfloat16 copy (`draft_dtype`)
-        self.vocab = vocab or target.head
+        self.vocab = vocab or target.head or target.lm_head
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}  # pairs fed; those from here to the root's are pending
         # per slot, the true-feature blocks not fed yet as (pairs, hidden, row, path), each made
