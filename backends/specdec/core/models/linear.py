@@ -39,11 +39,16 @@ ONE_ROW_PACKED_MIN_BYTES = 4 * 1024 * 1024
 
 
 def to_bfloat16(linears: list["InferenceLinear"]) -> bool:
-    """A drafter's projections to the bfloat16 kernel, all or none (a native call runs one
-    kernel for all its matmuls): False where any cannot (`InferenceLinear.to_bfloat16`)."""
-    if not native.bfloat16_available() or any(x.blocked is None or x.in_features % 2 for x in linears):
+    """A drafter's projections' native rows to the bfloat16 kernel (`native.blocked`'s
+    `bfloat16`), all or none (a native call runs one kernel for all its matmuls): their rounded
+    products change only what the drafter proposes. Rows past `native.NATIVE_MAX_ROWS` keep the
+    float32 weights. False (nothing changed) where any has no native matmul or no bfloat16 one."""
+    converted = [None if x.blocked is None else native.blocked(x.weight, bfloat16=True) for x in linears]
+    if any(b is None for b in converted):
         return False
-    return all([x.to_bfloat16() for x in linears])
+    for x, b in zip(linears, converted):
+        x.blocked = b
+    return True
 
 
 def packable(weight: Tensor) -> bool:
@@ -78,13 +83,3 @@ class InferenceLinear:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
-    def to_bfloat16(self) -> bool:
-        """Send this projection's native rows to the bfloat16 kernel (`native.blocked`'s
-        `bfloat16`): a drafter's, whose rounded products change only what it proposes. Rows past
-        `native.NATIVE_MAX_ROWS` keep the float32 weights. False (nothing changed) where there is
-        no bfloat16 kernel or no native matmul for this weight."""
-        bf16 = native.blocked(self.weight, bfloat16=True) if self.blocked is not None else None
-        if bf16 is None:
-            return False
-        self.blocked = bf16
-        return True

@@ -377,6 +377,11 @@ class LlamaForCausalLM(nn.Module):
         pack_one_row = one_row_packed(self)
         prepare_inference(self.model.layers, pack_one_row)
         self.head = InferenceLinear(self.lm_head.weight, pack_one_row=pack_one_row)
+        self.build_native()
+
+    def build_native(self) -> None:
+        """The native calls over its layers, and with them its embeddings and head, as its
+        projections' blocked weights now are."""
         self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)
         self.native_step = NativeChain.build(self.native, self.model.embed_tokens.weight, self.head)
 
@@ -385,6 +390,5 @@ class LlamaForCausalLM(nn.Module):
         native matmuls in bfloat16 (`linear.to_bfloat16`); False where they stay float32."""
         if not to_bfloat16(layer_linears(self.model.layers) + [self.head]):
             return False
-        self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)
-        self.native_step = NativeChain.build(self.native, self.model.embed_tokens.weight, self.head)
+        self.build_native()
         return True

@@ -15,6 +15,7 @@ deterministically, so their q is one-hot and verification stays exact under samp
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from torch import Tensor
 from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
-from specdec.core.models.linear import InferenceLinear, one_row_packed, to_bfloat16
+from specdec.core.models.linear import InferenceLinear, to_bfloat16
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
 from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, feature_addresses,
@@ -295,7 +296,7 @@ def build(cfg: EngineConfig, target: Target) -> EagleProposer:
     tree = EagleTree(*p.eagle_tree) if p.method == "eagle2" else None
     vocab = None
     if p.draft_dtype == "bfloat16" and head.draft_in_bfloat16():
-        vocab = InferenceLinear(target.model.lm_head.weight, pack_one_row=one_row_packed(target.model))
+        vocab = copy.copy(target.model.head)  # shares the target's float32 weight and packed copy
         if not to_bfloat16([vocab]):
             vocab = None
     return EagleProposer(head, target.model, p.k, tree, target.eos_ids, vocab)
