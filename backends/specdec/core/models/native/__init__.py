@@ -164,8 +164,8 @@ def blocked(weight: Tensor, bfloat16: bool = False) -> Tensor | None:
     one-row step, which streams every weight from memory, reads half the bytes (`docs/engine.md`).
     With `bfloat16` (a drafter's, where `bfloat16_available`), rounded to bfloat16 (to nearest
     even), each block's rows in pairs: [in / 2, 64, 2], as the kernel's vdpbf16ps takes them.
-    None where the native matmul cannot take it (no library, not float32 on CPU, out % 16; in odd
-    or no bfloat16 kernel, where asked)."""
+    None where the native matmul cannot take it (no library, not float32 on CPU, out % 16; with
+    `bfloat16`, also an odd `in` or no bfloat16 kernel)."""
     if library() is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[0] % 16:
         return None
     if bfloat16 and (weight.shape[1] % 2 or not bfloat16_available()):
