@@ -18,7 +18,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine
 from specdec.core.models.checkpoint import load_model
 from specdec.core.sampling import SamplingParams, probs
-from test_native import drafter_weight_types, needs_bf16
+from test_native import DRAFTER_TYPES, drafter_weight_types, needs_kernel
 from tiny_checkpoints import make_heads, make_small_vocab_model
 
 V = 8
@@ -109,22 +109,23 @@ def test_typical_acceptance_is_opt_in_and_measurably_lossy(small):
 
 
 @pytest.mark.slow
-@needs_bf16
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_kernel(d)) for d in ("bfloat16", "int8")])
 @pytest.mark.parametrize("method", ["draft", "eagle"])
-def test_bfloat16_drafters_sample_from_the_target_distribution(tmp_path_factory, tokenizer_dir, method):
-    """Sampled drafts from bfloat16 drafters (the default `draft_dtype`) are drawn from, and
-    judged with, the same rounded distribution, so the output still follows the target's: float32
-    models the native kernels take (a 16-token vocabulary, head_dim 16), the second and third
-    tokens' joint over the first (256 cells) against the exact one, with the same power check."""
+def test_rounded_drafters_sample_from_the_target_distribution(tmp_path_factory, tokenizer_dir, method, dtype):
+    """Sampled drafts from bfloat16 or int8 drafters (`draft_dtype`; int8 the default) are drawn
+    from, and judged with, the same rounded distribution, so the output still follows the
+    target's: float32 models the native kernels take (a 16-token vocabulary, head_dim 16), the
+    second and third tokens' joint over the first (256 cells) against the exact one, with the
+    same power check."""
     vocab, n = 16, 10000
-    root = tmp_path_factory.mktemp("bf16")
+    root = tmp_path_factory.mktemp(dtype)
     target = make_small_vocab_model(root / "target", tokenizer_dir, vocab, seed=11, hidden=64)
     draft = make_small_vocab_model(root / "draft", tokenizer_dir, vocab, seed=12, hidden=64, scale=2.0)
     make_heads(target, root / "medusa", root / "eagle", seed=13, medusa_heads=2)
     params = SamplingParams(max_tokens=3, temperature=0.8, top_p=0.95, ignore_eos=True)
-    eng = build_engine(EngineConfig.of(method=method, dtype="float32", policy="fixed", max_batch=64, k=2,
+    eng = build_engine(EngineConfig.of(method=method, dtype="float32", policy="fixed", max_batch=64, k=2, draft_dtype=dtype,
                                        target=str(target), draft=str(draft), eagle=str(root / "eagle")))
-    assert set(drafter_weight_types(eng.proposer)) == {2}
+    assert drafter_weight_types(eng.proposer) == DRAFTER_TYPES[dtype][method]
     results = eng.generate([PROMPT] * n, [SamplingParams(**{**params.__dict__, "seed": i}) for i in range(n)])
     counts = torch.zeros(vocab, vocab)
     for r in results:

@@ -341,18 +341,21 @@ def test_a_rows_matmul_numbers_do_not_depend_on_the_rows_beside_it(half):
     assert torch.allclose(alone, x @ weight.T + bias, atol=1e-4)
 
 
-needs_bf16 = pytest.mark.skipif(not native.bfloat16_available(), reason="this CPU has no AVX512-BF16: no bfloat16 kernel is built")
+def needs_kernel(dtype: str):
+    """Skips, saying so, where this CPU has no `dtype` kernel (the library builds none)."""
+    feature = {"bfloat16": "AVX512-BF16", "int8": "AVX512-VNNI"}[dtype]
+    return pytest.mark.skipif(not native.kernel_available(dtype), reason=f"this CPU has no {feature}: no {dtype} kernel is built")
 
 
-@needs_bf16
+@needs_kernel("bfloat16")
 def test_bfloat16_weights_multiply_rounded_values_and_a_rows_numbers_do_not_depend_on_the_rows_beside_it():
-    """A drafter's bfloat16 matmul (`native.blocked(..., bfloat16=True)`): the products of x and
+    """A drafter's bfloat16 matmul (`native.blocked(..., "bfloat16")`): the products of x and
     the weight rounded to bfloat16, summed in float32, each row's the same bit for bit whatever
     rows run beside it (64-column blocks and a 16-column remainder); an odd input width is left
     to the float32 kernels."""
     torch.manual_seed(0)
     weight, bias, x = torch.randn(2 * 64 + 16, 96), torch.randn(2 * 64 + 16), torch.randn(8, 96)
-    packed = native.blocked(weight, bfloat16=True)
+    packed = native.blocked(weight, "bfloat16")
     assert packed.dtype == torch.bfloat16
     alone = torch.cat([native.matmul(x[r:r + 1], packed, bias, weight.shape[0]) for r in range(8)])
     for rows in range(2, 9):
@@ -360,12 +363,40 @@ def test_bfloat16_weights_multiply_rounded_values_and_a_rows_numbers_do_not_depe
     rounded = x.bfloat16().double() @ weight.bfloat16().double().T + bias.double()
     assert torch.allclose(alone.double(), rounded, atol=1e-5)
     assert not torch.allclose(alone, x @ weight.T + bias, atol=1e-4)  # rounded: not the float32 products
-    assert native.blocked(torch.randn(64, 95), bfloat16=True) is None
+    assert native.blocked(torch.randn(64, 95), "bfloat16") is None
 
 
-@needs_bf16
+@needs_kernel("int8")
+def test_int8_weights_multiply_quantized_values_and_a_rows_numbers_do_not_depend_on_the_rows_beside_it():
+    """A drafter's int8 matmul (`native.blocked(..., "int8")`): each weight column scaled by its
+    largest magnitude over 127 and rounded, each input row likewise by its own, the integer
+    products summed exactly and scaled back; each row's the same bit for bit whatever rows run
+    beside it (64-column blocks and a 16-column remainder), a row of zeros gives the bias; an
+    input width not a multiple of 16 is left to the wider kernels."""
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(2 * 64 + 16, 96), torch.randn(2 * 64 + 16), torch.randn(8, 96) * 3
+    x[5] = 0
+    packed = native.blocked(weight, "int8")
+    assert packed.dtype == torch.int8
+    alone = torch.cat([native.matmul(x[r:r + 1], packed, bias, weight.shape[0]) for r in range(8)])
+    for rows in range(2, 9):
+        assert torch.equal(native.matmul(x[:rows], packed, bias, weight.shape[0]), alone[:rows]), rows
+    w_scale = weight.abs().amax(1).double() / 127
+    x_scale = (x.abs().amax(1, keepdim=True).double() / 127).clamp(min=1e-30)
+    w8, x8 = torch.round(weight.double() / w_scale[:, None]), torch.round(x.double() / x_scale)
+    assert w8.abs().max() == 127 and x8.abs().max() == 127
+    quantized = (x8 @ w8.T) * x_scale * w_scale + bias.double()
+    assert torch.allclose(alone.double(), quantized, rtol=1e-5, atol=1e-5)
+    assert torch.equal(alone[5], bias)
+    exact = x @ weight.T + bias
+    assert not torch.allclose(alone, exact, atol=1e-2)  # quantized: not the float32 products
+    assert (alone - exact).norm() / exact.norm() < 0.02  # but near them
+    assert native.blocked(torch.randn(64, 88), "int8") is None
+
+
 def drafter_weight_types(proposer) -> list[int]:
-    """The `decoder.c` weight types of a drafter's native matmuls."""
+    """The `decoder.c` weight types of a drafter's native matmuls: Medusa's heads; the draft
+    model's layers and head; EAGLE's layers, output head and fc."""
     if hasattr(proposer, "heads"):  # Medusa
         return [native.weight_type(x.blocked) for blocks, vocab in proposer.heads.inference
                 for x in [b.inference for b in blocks] + [vocab]]
@@ -374,13 +405,19 @@ def drafter_weight_types(proposer) -> list[int]:
     return [drafter.native.decoder.wtype] + [native.weight_type(x.blocked) for x in heads]
 
 
+# decoder.c's weight types of each drafter's matmuls (`drafter_weight_types`) by `draft_dtype`:
+# EAGLE's fc stays bfloat16 under int8 (`EagleHead.draft_in`)
+DRAFTER_TYPES = {"bfloat16": {"draft": [2, 2], "eagle": [2, 2, 2], "medusa": 2},
+                 "int8": {"draft": [3, 3], "eagle": [3, 3, 2], "medusa": 3}}
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_kernel(d)) for d in ("bfloat16", "int8")])
 @pytest.mark.parametrize("method", ["draft", "eagle", "eagle2", "medusa"])
-def test_drafters_in_bfloat16_propose_through_its_kernel_and_the_output_is_the_baselines(method):
-    """`draft_dtype` bfloat16 (the default) puts a drafter's native matmuls on the bfloat16 kernel
-    (its layers, output head, EAGLE's fc and a bfloat16 copy of the target's output head, Medusa's
-    heads); the
-    target verifies as before, so greedy output is the baseline's token for token, as it is with
-    float32 drafters."""
+def test_rounded_drafters_propose_through_their_kernels_and_the_output_is_the_baselines(method, dtype):
+    """`draft_dtype` bfloat16 or int8 (the default) puts a drafter's native matmuls on that
+    kernel (its layers, output head, EAGLE's fc, bfloat16 under int8, and a copy of the target's
+    output head, Medusa's heads); the target verifies as before, so greedy output is the
+    baseline's token for token, as it is with float32 drafters."""
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine
     from specdec.core.sampling import SamplingParams
@@ -390,16 +427,21 @@ def test_drafters_in_bfloat16_propose_through_its_kernel_and_the_output_is_the_b
 
     prompts, params = heldout_prompts(3), SamplingParams(max_tokens=48, ignore_eos=True)
     outputs = {}
-    for method_, dtype in (("baseline", "float32"), (method, "float32"), (method, "bfloat16")):
-        eng = build_engine(EngineConfig.of(method=method_, max_batch=3, policy="fixed", k=4, draft_dtype=dtype,
+    for method_, draft_dtype in (("baseline", "float32"), (method, "float32"), (method, dtype)):
+        eng = build_engine(EngineConfig.of(method=method_, max_batch=3, policy="fixed", k=4, draft_dtype=draft_dtype,
                                            **kit_paths(DEMO_KIT)))
         if method_ != "baseline":  # float32 drafters keep their float32 or float16 kernels
-            assert {t == 2 for t in drafter_weight_types(eng.proposer)} == {dtype == "bfloat16"}
-            assert eng.target.native.decoder.wtype != 2 and native.weight_type(eng.target.head.blocked) != 2
-        outputs[method_, dtype] = [r.token_ids for r in eng.generate(prompts, params)]
+            types = drafter_weight_types(eng.proposer)
+            if draft_dtype == "float32":
+                assert set(types) <= {0, 1}, types
+            else:
+                expected = DRAFTER_TYPES[dtype][method.rstrip("2")]
+                assert set(types) == {expected} if method == "medusa" else types == expected, types
+            assert eng.target.native.decoder.wtype in (0, 1) and native.weight_type(eng.target.head.blocked) in (0, 1)
+        outputs[method_, draft_dtype] = [r.token_ids for r in eng.generate(prompts, params)]
         if method_ != "baseline":
             assert eng.metrics.accepted_tokens > 0
-    assert outputs[method, "bfloat16"] == outputs["baseline", "float32"] == outputs[method, "float32"]
+    assert outputs[method, dtype] == outputs["baseline", "float32"] == outputs[method, "float32"]
 
 
 @pytest.mark.parametrize("out_features", [16, 32, 48, 80])

@@ -324,7 +324,9 @@ def test_a_catch_up_of_one_long_row_among_short_ones_runs_natively(method, monke
     padding. A newcomer's prompt beside rows in sync (here 3 rows, NATIVE_MAX_ROWS lowered to 48)
     runs there, drafting what the Python loop drafts bit for bit; gated on padded rows, such
     catch-ups of a batch of 8 past 128 tokens went to the eager layers. (The caches differ past
-    each row's end only: the eager catch-up also writes its padding there, which no step reads.)"""
+    each row's end only: the eager catch-up also writes its padding there, which no step reads.)
+    Float32 drafters: the Python loop's long catch-up runs on the eager layers' float32 weights,
+    where the chain's rounds them (`draft_dtype`)."""
     from specdec.core.models import native
     from specdec.paths import DEMO_KIT
     from specdec.tools.bench import kit_paths
@@ -332,7 +334,8 @@ def test_a_catch_up_of_one_long_row_among_short_ones_runs_natively(method, monke
     monkeypatch.setattr(native, "NATIVE_MAX_ROWS", 48)
     runs, gated = [], []
     for use_chain in (True, False):
-        eng = build_engine(EngineConfig.of(method=method, max_batch=3, policy="fixed", k=4, **kit_paths(DEMO_KIT)))
+        eng = build_engine(EngineConfig.of(method=method, max_batch=3, policy="fixed", k=4, draft_dtype="float32",
+                                           **kit_paths(DEMO_KIT)))
         if use_chain:
             takes = eng.proposer.chain.takes
             eng.proposer.chain.takes = lambda d, p: gated.append((len(p) * max(map(len, p)), sum(map(len, p)), takes(d, p))) or gated[-1][2]

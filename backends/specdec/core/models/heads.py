@@ -25,10 +25,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from specdec.core.config import DRAFT_DTYPES
 from specdec.core.models.checkpoint import CheckpointError, load_weights
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.linear import InferenceLinear, one_row_packed, to_bfloat16
+from specdec.core.models.linear import InferenceLinear, narrow, one_row_packed
 from specdec.core.models.llama import DecoderLayer, RopeTable, prepare_inference, run_decoder
 from specdec.core.models.native import NativeDecoder, layer_linears
 
@@ -67,9 +68,10 @@ class MedusaHeads(nn.Module):
                 block.inference = InferenceLinear(block.linear.weight, block.linear.bias, pack_one_row)
             self.inference.append((blocks, InferenceLinear(vocab.weight, pack_one_row=pack_one_row)))
 
-    def draft_in_bfloat16(self) -> bool:
-        """Every head's native matmuls in bfloat16 (`linear.to_bfloat16`); False where they stay float32."""
-        return to_bfloat16([x for blocks, vocab in self.inference for x in [b.inference for b in blocks] + [vocab]])
+    def draft_in(self, draft_dtype: str) -> str:
+        """Every head's native matmuls in `draft_dtype` or the narrowest wider type this CPU takes
+        (`linear.narrow`); returns that type."""
+        return narrow([x for blocks, vocab in self.inference for x in [b.inference for b in blocks] + [vocab]], draft_dtype)
 
     def forward(self, hidden: Tensor, num_heads: int | None = None) -> Tensor:
         """[..., H] -> [num_heads, ..., V] logits of the first `num_heads` heads (all by default).
@@ -137,13 +139,17 @@ class EagleHead(nn.Module):
         self.fc_inference = InferenceLinear(self.fc.weight, self.fc.bias, pack_one_row)
         self.native = NativeDecoder.for_layers(self.layers)
 
-    def draft_in_bfloat16(self) -> bool:
-        """Its layers' and fc's native matmuls in bfloat16 (`linear.to_bfloat16`); False where
-        they stay float32."""
-        if not to_bfloat16(layer_linears(self.layers) + [self.fc_inference]):
-            return False
-        self.native = NativeDecoder.for_layers(self.layers)
-        return True
+    def draft_in(self, draft_dtype: str) -> str:
+        """Its layers' native matmuls in `draft_dtype` or the narrowest wider type this CPU takes
+        (`linear.narrow`), which it returns, and its fc's in bfloat16 at most: the fc's input
+        joins a token's embedding and a target feature of larger magnitude, and int8's one scale
+        per row rounded the embedding's half away (on the demo kit EAGLE's drafts then kept 3.18
+        tokens a draft against 3.58)."""
+        dtype = narrow(layer_linears(self.layers), draft_dtype)
+        narrow([self.fc_inference], min(draft_dtype, "bfloat16", key=DRAFT_DTYPES.index))
+        if dtype != "float32":
+            self.native = NativeDecoder.for_layers(self.layers)
+        return dtype
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         c, p = self.config, self.fc.weight

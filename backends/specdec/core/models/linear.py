@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdec.core.config import DRAFT_DTYPES
 from specdec.core.models import native
 
 
@@ -38,17 +39,22 @@ PACK_MIN_BYTES = 512 * 1024
 ONE_ROW_PACKED_MIN_BYTES = 4 * 1024 * 1024
 
 
-def to_bfloat16(linears: list["InferenceLinear"]) -> bool:
-    """A drafter's projections' native rows to the bfloat16 kernel (`native.blocked`'s
-    `bfloat16`), all or none (a native call runs one kernel for all its matmuls): their rounded
-    products change only what the drafter proposes. Rows past `native.NATIVE_MAX_ROWS` keep the
-    float32 weights. False (nothing changed) where any has no native matmul or no bfloat16 one."""
-    converted = [None if x.blocked is None else native.blocked(x.weight, bfloat16=True) for x in linears]
-    if any(b is None for b in converted):
-        return False
-    for x, b in zip(linears, converted):
-        x.blocked = b
-    return True
+def narrow(linears: list["InferenceLinear"], draft_dtype: str) -> str:
+    """A drafter's projections' native rows to the narrowest kernel from `draft_dtype` up that all
+    of them take here (`DRAFT_DTYPES`, narrowest last: int8, then bfloat16; `native.blocked`),
+    all or none (a native call runs one kernel for all its matmuls): their rounded products
+    change only what the drafter proposes. Rows past `native.NATIVE_MAX_ROWS` keep the float32
+    weights. Returns the type they now have: float32 where nothing narrower fits (or any of them
+    has no native matmul)."""
+    if any(x.blocked is None for x in linears):
+        return "float32"
+    for dtype in DRAFT_DTYPES[DRAFT_DTYPES.index(draft_dtype):0:-1]:
+        converted = [native.blocked(x.weight, dtype) for x in linears]
+        if all(b is not None for b in converted):
+            for x, b in zip(linears, converted):
+                x.blocked = b
+            return dtype
+    return "float32"
 
 
 def packable(weight: Tensor) -> bool:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
-from specdec.core.models.linear import InferenceLinear, one_row_packed, to_bfloat16
+from specdec.core.models.linear import InferenceLinear, narrow, one_row_packed
 from specdec.core.models.native import NativeChain, NativeDecoder, layer_linears
 
 
@@ -385,10 +385,11 @@ class LlamaForCausalLM(nn.Module):
         self.native = NativeDecoder.for_layers(self.model.layers, self.model.norm)
         self.native_step = NativeChain.build(self.native, self.model.embed_tokens.weight, self.head)
 
-    def draft_in_bfloat16(self) -> bool:
+    def draft_in(self, draft_dtype: str) -> str:
         """This model as a drafter (after `prepare_inference`): its layers' and output head's
-        native matmuls in bfloat16 (`linear.to_bfloat16`); False where they stay float32."""
-        if not to_bfloat16(layer_linears(self.model.layers) + [self.head]):
-            return False
-        self.build_native()
-        return True
+        native matmuls in `draft_dtype` or the narrowest wider type this CPU takes
+        (`linear.narrow`); returns that type."""
+        dtype = narrow(layer_linears(self.model.layers) + [self.head], draft_dtype)
+        if dtype != "float32":
+            self.build_native()
+        return dtype

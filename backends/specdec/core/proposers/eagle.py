@@ -24,7 +24,7 @@ from torch import Tensor
 from specdec.core.config import EngineConfig
 from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
-from specdec.core.models.linear import InferenceLinear, to_bfloat16
+from specdec.core.models.linear import InferenceLinear, narrow
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.native import NativeChain
 from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, feature_addresses,
@@ -52,7 +52,7 @@ class EagleProposer:
         eos_ids: list[int] = (), vocab: InferenceLinear | None = None,
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
-        # the output head a draft's logits come from: the target's, or a bfloat16 copy (`draft_dtype`)
+        # the output head a draft's logits come from: the target's, or a copy in `draft_dtype`
         self.vocab = vocab or target.head or target.lm_head
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
         self.fed: dict[int, int] = {}  # pairs fed; those from here to the root's are pending
@@ -295,8 +295,8 @@ def build(cfg: EngineConfig, target: Target) -> EagleProposer:
         raise ConfigurationError("EAGLE head hidden size differs from the target's")
     tree = EagleTree(*p.eagle_tree) if p.method == "eagle2" else None
     vocab = None
-    if p.draft_dtype == "bfloat16" and head.draft_in_bfloat16():
+    if head.draft_in(p.draft_dtype) != "float32":
         vocab = copy.copy(target.model.head)  # shares the target's float32 weight and packed copy
-        if not to_bfloat16([vocab]):
+        if narrow([vocab], p.draft_dtype) == "float32":
             vocab = None
     return EagleProposer(head, target.model, p.k, tree, target.eos_ids, vocab)

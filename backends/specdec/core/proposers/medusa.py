@@ -112,6 +112,5 @@ def build(cfg: EngineConfig, target: Target) -> MedusaProposer:
     heads = MedusaHeads.load(require(cfg.checkpoints.medusa, "medusa", p.method), target.dtype, target.device)
     if heads.vocab != target.model.config.vocab_size or heads.hidden != target.model.config.hidden_size:
         raise ConfigurationError("medusa heads do not fit the target (hidden size or vocabulary differ)")
-    if p.draft_dtype == "bfloat16":
-        heads.draft_in_bfloat16()
+    heads.draft_in(p.draft_dtype)
     return MedusaProposer(heads, [list(path) for path in p.medusa_tree] if p.medusa_tree else None, p.k)

@@ -120,7 +120,8 @@ def library() -> ctypes.CDLL | None:
     lib.specdec_decoder_forward.argtypes = [p, p, i64, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64]
     lib.specdec_matmul.restype = ctypes.c_int
     lib.specdec_matmul.argtypes = [ctypes.c_int32, p, i64, i64, p, p, i64, p]
-    lib.specdec_has_bf16.restype = ctypes.c_int
+    for has in KERNELS.values():
+        getattr(lib, has).restype = ctypes.c_int
     lib.specdec_greedy_draft.restype = ctypes.c_int
     lib.specdec_greedy_draft.argtypes = [p, p, i64, i64, p, p, p, p, p, p, p, p, p, i64, i64, p, p, p, i64, p]
     lib.specdec_target_step.restype = ctypes.c_int
@@ -150,37 +151,55 @@ class _Decoder(ctypes.Structure):
                 ("wtype", ctypes.c_int32), ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
 
 
-def bfloat16_available() -> bool:
-    """Whether the native matmul takes bfloat16 weights here (built for a CPU with AVX512-BF16)."""
+# The rounded kernels a drafter's weights can take, and the library function saying the CPU has it.
+KERNELS = {"bfloat16": "specdec_has_bf16", "int8": "specdec_has_int8"}
+
+
+def kernel_available(dtype: str) -> bool:
+    """Whether the native matmul takes `dtype` weights here: float32 wherever it builds, bfloat16
+    on a CPU with AVX512-BF16, int8 with AVX512-VNNI."""
     lib = library()
-    return lib is not None and lib.specdec_has_bf16() == 1
+    return lib is not None and (dtype == "float32" or getattr(lib, KERNELS[dtype])() == 1)
 
 
-def blocked(weight: Tensor, bfloat16: bool = False) -> Tensor | None:
+def blocked(weight: Tensor, dtype: str = "float32") -> Tensor | None:
     """A linear's weight [out, in] in the layout `decoder.c`'s matmul reads: transposed, its
     columns in contiguous [in, 64] blocks (then [in, 16] for a remainder), each streamed in order.
-    Stored as float16 where every value is one (a checkpoint saved in half precision, as the demo
-    kit's): the kernel widens them exactly, so results are the float32 ones bit for bit, and a
-    one-row step, which streams every weight from memory, reads half the bytes (`docs/engine.md`).
-    With `bfloat16` (a drafter's, where `bfloat16_available`), rounded to bfloat16 (to nearest
-    even), each block's rows in pairs: [in / 2, 64, 2], as the kernel's vdpbf16ps takes them.
-    None where the native matmul cannot take it (no library, not float32 on CPU, out % 16; with
-    `bfloat16`, also an odd `in` or no bfloat16 kernel)."""
+    float32: stored as float16 where every value is one (a checkpoint saved in half precision, as
+    the demo kit's): the kernel widens them exactly, so results are the float32 ones bit for bit,
+    and a one-row step, which streams every weight from memory, reads half the bytes
+    (`docs/engine.md`). A drafter's (`draft_dtype`) may be rounded: bfloat16 (to nearest even),
+    each block's rows in pairs, [in / 2, 64, 2], as vdpbf16ps takes them; int8, each column
+    scaled by its largest magnitude over 127 and rounded, stored as `decoder.c`'s WT_I8 says
+    (the column scales, 128 x each column's sum, then each block's rows in fours, [in / 4, 64, 4],
+    as vpdpbusd takes them). None where the native matmul cannot take it: no library, not
+    float32 on CPU, out % 16, no kernel for `dtype` here (`kernel_available`), or an input width
+    it cannot split (odd for bfloat16; not a multiple of 16 for int8)."""
     if library() is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.shape[0] % 16:
         return None
-    if bfloat16 and (weight.shape[1] % 2 or not bfloat16_available()):
+    if not kernel_available(dtype) or weight.shape[1] % {"float32": 1, "bfloat16": 2, "int8": 16}[dtype]:
         return None
     wt = weight.detach().t()
+    scales = None
+    if dtype == "int8":
+        scales = wt.abs().amax(0) / 127
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        wt = torch.round(wt / scales).clamp(-127, 127).to(torch.int8)
     whole = wt.shape[1] // 64 * 64
     blocks = [wt[:, o : o + 64] for o in range(0, whole, 64)] + [wt[:, o : o + 16] for o in range(whole, wt.shape[1], 16)]
-    if bfloat16:
+    if dtype == "bfloat16":
         return torch.cat([b.reshape(-1, 2, b.shape[1]).transpose(1, 2).flatten() for b in blocks]).to(torch.bfloat16)
+    if dtype == "int8":
+        compensation = 128 * wt.sum(0, dtype=torch.int32)
+        return torch.cat([scales.contiguous().view(torch.int8), compensation.view(torch.int8)]
+                         + [b.reshape(-1, 4, b.shape[1]).transpose(1, 2).flatten() for b in blocks])
     flat = torch.cat([b.contiguous().flatten() for b in blocks])
     half = flat.to(torch.float16)
     return half if torch.equal(half.to(torch.float32), flat) else flat
 
 
-WEIGHT_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # decoder.c's WT_F32, WT_F16, WT_BF16
+# decoder.c's WT_F32, WT_F16, WT_BF16, WT_I8
+WEIGHT_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 def weight_type(blocked_weight: Tensor) -> int:

@@ -20,7 +20,8 @@
  * A model's weights are float32, or float16 where every value is one (`Decoder.wtype`, the
  * `_f16` matmul): widened on load, the products and sums are the float32 ones bit for bit, and a
  * one-row step, which streams every weight from memory, reads half the bytes. A drafter's may be
- * bfloat16 instead (`WT_BF16`, below: rounded, so its drafts may differ; verification does not).
+ * bfloat16 or int8 instead (`WT_BF16`, `WT_I8`, below: rounded, so its drafts may differ;
+ * verification does not).
  *
  * Threads (`specdec_set_threads`, the engine's runtime.threads): each matmul's column blocks and
  * each attention (row, head) pair are split over a small pool, the caller included. A column or a
@@ -43,7 +44,7 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 typedef _Float16 h16 __attribute__((vector_size(32), aligned(2)));
 
-enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2 }; /* a blocked weight's type (`native.weight_type`) */
+enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_I8 = 3 }; /* a blocked weight's type (`native.weight_type`) */
 
 typedef struct {
     const float *in_norm;   /* [H], or NULL: no input norm (EAGLE's first layer) */
@@ -58,7 +59,7 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, hidden, n_heads, n_kv, head_dim, inter;
-    int32_t wtype; /* the weight matrices' type: WT_F32, WT_F16 or WT_BF16 */
+    int32_t wtype; /* the weight matrices' type: WT_F32, WT_F16, WT_BF16 or WT_I8 */
     float eps;
     const Layer *layers;
     const float *final_norm; /* [H], or NULL: the caller's output is the last layer's */
@@ -395,6 +396,110 @@ static const uint32_t *to_bf16_pairs(const float *x, int64_t R, int64_t N) {
 }
 #endif
 
+/* int8 weights (WT_I8): a drafter's, where the CPU has AVX512-VNNI (`specdec_has_int8`). Why:
+ * bfloat16 halved a drafter's matmuls, and one row (a chain's depth) still streams 2 bytes a
+ * weight from L3 (84-92 GFLOP/s there on the kit's shapes); vpdpbusd multiplies four pairs of
+ * bytes per int32 lane, and one row of the same shapes ran 159-176 GFLOP/s, five rows 294-306
+ * against 220-231 (a C harness over this file, weights in L3, the rows' quantization included).
+ * Each output column j has a scale ws[j] = max |w[:, j]| / 127 and int8 weights w8 = w / ws
+ * rounded; each input row r is quantized once per matmul to xs[r] = max |x[r]| / 127 and bytes
+ * x8 + 128 (vpdpbusd takes unsigned bytes), so out = xs[r] ws[j] (sum x8 w8) + bias[j], the
+ * sum exact in int32 once comp[j] = 128 sum w8[:, j] is taken off. A row's draft does not depend
+ * on its batch (its scale is its own, and integer sums have no order). Layout (`native.blocked`):
+ * ws [M] floats, comp [M] int32s, then each block's [in, bw] columns as [in / 4, bw, 4], each
+ * lane's four bytes (w8[4q .. 4q + 3, j]) beside the input's four broadcast to every lane. */
+#if defined(__AVX512VNNI__)
+#define MMQ_KERNEL(RB, NC)                                                                       \
+    static void mmq_##RB##_##NC(const uint8_t *x, const float *xs, int64_t N, const int8_t *wt,   \
+                                const float *ws, const int32_t *comp, int64_t M, int64_t ob,    \
+                                const float *bias, float *out) {                                \
+        __m512i acc[RB][NC];                                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_si512(); \
+        _Pragma("GCC unroll 1") for (int64_t q = 0; q < N / 4; q++) {                            \
+            const int8_t *w = wt + ob * N + q * 64 * NC;                                         \
+            __m512i wv[NC];                                                                      \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
+                wv[c] = _mm512_loadu_si512((const void *)(w + 64 * c));                          \
+                IN_REGISTER(wv[c]);                                                              \
+            }                                                                                    \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
+                int32_t quad;                                                                    \
+                memcpy(&quad, x + r * N + 4 * q, sizeof quad);                                   \
+                __m512i xv = _mm512_set1_epi32(quad);                                            \
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                             \
+                    acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], xv, wv[c]);                       \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                   \
+            int64_t j = ob + 16 * c;                                                             \
+            __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][c], _mm512_loadu_si512((const void *)(comp + j)))); \
+            /* one explicit FMA: a multiply then an add, GCC contracted in some kernels only */   \
+            v = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_loadu_ps(ws + j)), _mm512_set1_ps(xs[r]),   \
+                                bias ? _mm512_loadu_ps(bias + j) : _mm512_setzero_ps());       \
+            _mm512_storeu_ps(out + r * M + j, v);                                                \
+        }                                                                                        \
+    }
+MMQ_KERNEL(1, 4) MMQ_KERNEL(2, 4) MMQ_KERNEL(3, 4) MMQ_KERNEL(4, 4) MMQ_KERNEL(5, 4) MMQ_KERNEL(6, 4)
+MMQ_KERNEL(1, 1) MMQ_KERNEL(2, 1) MMQ_KERNEL(3, 1) MMQ_KERNEL(4, 1) MMQ_KERNEL(5, 1) MMQ_KERNEL(6, 1)
+/* out [R, begin .. end) of x (`to_int8_rows`: R scales, then [R, N] bytes) @ wt (int8 blocked) + bias */
+static void matmul_i8(const void *in, int64_t R, int64_t N, const void *wt, const float *bias, int64_t M, float *out,
+                      int64_t begin, int64_t end) {
+    typedef void (*fn)(const uint8_t *, const float *, int64_t, const int8_t *, const float *, const int32_t *,
+                       int64_t, int64_t, const float *, float *);
+    static const fn by4[ROWS + 1] = {0, mmq_1_4, mmq_2_4, mmq_3_4, mmq_4_4, mmq_5_4, mmq_6_4};
+    static const fn by1[ROWS + 1] = {0, mmq_1_1, mmq_2_1, mmq_3_1, mmq_4_1, mmq_5_1, mmq_6_1};
+    const float *xs = in, *ws = wt;
+    const uint8_t *x = (const uint8_t *)(xs + R);
+    const int32_t *comp = (const int32_t *)(ws + M);
+    const int8_t *w8 = (const int8_t *)(comp + M);
+    int64_t whole = M / 64 * 64, ob = begin;
+    for (; ob < whole && ob < end; ob += 64)
+        for (int64_t r = 0, rb; r < R; r += rb)
+            by4[rb = row_block(R - r)](x + r * N, xs + r, N, w8, ws, comp, M, ob, bias, out + r * M);
+    for (; ob < end; ob += 16)
+        for (int64_t r = 0, rb; r < R; r += rb)
+            by1[rb = row_block(R - r)](x + r * N, xs + r, N, w8, ws, comp, M, ob, bias, out + r * M);
+}
+/* x [R, N] (N % 16 == 0) quantized per row: R scales max |x[r]| / 127 (1 for a row of zeros),
+ * then [R, N] bytes, x / scale rounded to nearest even, clamped to +-127, plus 128; in a buffer
+ * of the calling thread's, valid until its next call; NULL where it cannot grow */
+static const void *to_int8_rows(const float *x, int64_t R, int64_t N) {
+    static __thread float *buf;
+    static __thread int64_t cap;
+    int64_t bytes = R * (int64_t)sizeof(float) + R * N;
+    if (bytes > cap) {
+        float *grown = realloc(buf, bytes);
+        if (!grown) return NULL;
+        buf = grown, cap = bytes;
+    }
+    uint8_t *q = (uint8_t *)(buf + R);
+    for (int64_t r = 0; r < R; r++) {
+        const float *row = x + r * N;
+        __m512 top = _mm512_setzero_ps();
+        for (int64_t i = 0; i < N; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
+        float m = _mm512_reduce_max_ps(top), s = m > 0 ? m / 127.0f : 1.0f;
+        __m512 inv = _mm512_set1_ps(1.0f / s);
+        buf[r] = s;
+        for (int64_t i = 0; i < N; i += 16) {
+            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), inv));
+            v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(q + r * N + i), _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(128))));
+        }
+    }
+    return buf;
+}
+#endif
+
+int specdec_has_int8(void) {
+#if defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int specdec_has_bf16(void) {
 #if defined(__AVX512BF16__)
     return 1;
@@ -504,7 +609,7 @@ static void parallel(part_fn fn, void *arg, int parts) {
 /* A matmul as a parallel section: part p computes the columns from p M / parts, rounded down to
  * its block's start, to the next part's start. */
 typedef struct {
-    int wtype; /* the weights' type (WT_F32 ...); for WT_BF16, x is bfloat16 pairs */
+    int wtype; /* the weights' type (WT_F32 ...); for WT_BF16, x is bfloat16 pairs; WT_I8, `to_int8_rows` */
     const void *x;
     int64_t R, N;
     const void *wt;
@@ -525,6 +630,10 @@ static void matmul_part(void *arg, int p, int parts) {
     if (j->wtype == WT_BF16) matmul_bf16(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
     else
 #endif
+#if defined(__AVX512VNNI__)
+    if (j->wtype == WT_I8) matmul_i8(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
+    else
+#endif
     if (j->wtype == WT_F16) matmul_ld_f16(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
     else matmul_ld_f32(j->x, j->R, j->N, j->wt, j->bias, j->M, j->out, begin, end);
 }
@@ -532,7 +641,8 @@ static void matmul_part(void *arg, int p, int parts) {
 /* out [R, M] = x [R, N] @ wt + bias, weights of type `wtype`; split over the pool's threads
  * where there are at least two 64-column blocks to share (one part below 64 columns: with none,
  * an output of 16-48 columns was never computed). Bfloat16 weights take x rounded to bfloat16
- * pairs first (N even); where that buffer cannot grow, out is left as it was (-2). */
+ * pairs first (N even), int8 weights x quantized per row (N % 16 == 0); where that buffer cannot
+ * grow, out is left as it was (-2). */
 static int matmul_any(int wtype, const float *x, int64_t R, int64_t N, const void *wt, const float *bias,
                       int64_t M, float *out) {
     const void *in = x;
@@ -540,6 +650,11 @@ static int matmul_any(int wtype, const float *x, int64_t R, int64_t N, const voi
     if (wtype == WT_BF16 && !(in = to_bf16_pairs(x, R, N))) return -2;
 #else
     if (wtype == WT_BF16) return -1;
+#endif
+#if defined(__AVX512VNNI__)
+    if (wtype == WT_I8 && !(in = to_int8_rows(x, R, N))) return -2;
+#else
+    if (wtype == WT_I8) return -1;
 #endif
     MatmulJob j = {wtype, in, R, N, wt, bias, M, out};
     int64_t parts = M / 64 < MAX_THREADS ? M / 64 : MAX_THREADS;
@@ -557,7 +672,7 @@ static int matmul(const Decoder *d, const float *x, int64_t R, int64_t N, const 
  * Medusa's heads): `linear.InferenceLinear` sends up to NATIVE_MAX_ROWS rows here. */
 int specdec_matmul(int32_t wtype, const float *x, int64_t R, int64_t N, const void *wt, const float *bias, int64_t M,
                    float *out) {
-    if (M % 16 || N % 2 || wtype < WT_F32 || wtype > WT_BF16) return -1;
+    if (M % 16 || N % 2 || (wtype == WT_I8 && N % 16) || wtype < WT_F32 || wtype > WT_I8) return -1;
     return matmul_any(wtype, x, R, N, wt, bias, M, out);
 }
 
