@@ -40,8 +40,8 @@ ONE_ROW_PACKED_MIN_BYTES = 4 * 1024 * 1024
 
 
 def narrow(linears: list["InferenceLinear"], draft_dtype: str) -> str:
-    """A drafter's projections' native rows to the narrowest kernel from `draft_dtype` up that all
-    of them take here (`DRAFT_DTYPES`, narrowest last: int8, then bfloat16; `native.blocked`),
+    """A drafter's projections' native rows to the narrowest kernel, `draft_dtype` or wider (int8,
+    then bfloat16: `DRAFT_DTYPES`, widest first), that all of them take here (`native.blocked`),
     all or none (a native call runs one kernel for all its matmuls): their rounded products
     change only what the drafter proposes. Rows past `native.NATIVE_MAX_ROWS` keep the float32
     weights. Returns the type they now have: float32 where nothing narrower fits (or any of them
