@@ -321,6 +321,24 @@ MM8_KERNELS(_Float16, ld8_f16)
 #define matmul_ld_f16 matmul_ld8_f16
 #endif
 
+/* The loop of the bfloat16 and int8 kernels over a block of 16 NC columns (`MMB_KERNEL`,
+ * `MMQ_KERNEL`): each of `steps` steps takes NC 64-byte weight vectors from `w` on, loaded once
+ * for all RB rows, and each row's 32-bit word `word` (of r and s: a bfloat16 pair, four bytes)
+ * broadcast to every lane, and DOT adds their products into acc[r][c]. */
+#define DOT_STEPS(RB, NC, acc, w, steps, word, DOT)                                              \
+    _Pragma("GCC unroll 1") for (int64_t s = 0; s < (steps); s++) {                              \
+        const char *step_ = (const char *)(w) + s * 64 * NC;                                     \
+        __m512i wv[NC];                                                                          \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                   \
+            wv[c] = _mm512_loadu_si512((const void *)(step_ + 64 * c));                          \
+            IN_REGISTER(wv[c]);                                                                  \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                   \
+            __m512i xv = _mm512_set1_epi32(word);                                                \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] = DOT(acc[r][c], xv, wv[c]); \
+        }                                                                                        \
+    }
+
 /* bfloat16 weights (WT_BF16): a drafter's, where the CPU has AVX512-BF16 (`specdec_has_bf16`).
  * Why: a drafter's proposal is matmuls of one or a few rows, bound by the FMA pipes (the demo
  * kit's EAGLE head, two layers as wide as the target's four, cost 0.68 ms a proposal beside a
@@ -335,27 +353,15 @@ MM8_KERNELS(_Float16, ld8_f16)
  * pairs in order in one accumulator whatever the rows beside it, so a row's draft does not depend
  * on its batch. */
 #if defined(__AVX512BF16__)
+#define DOT_BF16(acc, x, w) _mm512_dpbf16_ps(acc, (__m512bh)(x), (__m512bh)(w))
 #define MMB_KERNEL(RB, NC)                                                                       \
     static void mmb_##RB##_##NC(const uint32_t *x, int64_t N, const uint16_t *wt, int64_t M,    \
                                 int64_t ob, const float *bias, float *out) {                    \
-        const int64_t P = N / 2;                                                                 \
         __m512 acc[RB][NC];                                                                      \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                                     \
             acc[r][c] = bias ? _mm512_loadu_ps(bias + ob + 16 * c) : _mm512_setzero_ps();        \
-        _Pragma("GCC unroll 1") for (int64_t p = 0; p < P; p++) {                                \
-            const uint16_t *w = wt + ob * N + p * 32 * NC;                                       \
-            __m512i wv[NC];                                                                      \
-            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
-                wv[c] = _mm512_loadu_si512((const void *)(w + 32 * c));                          \
-                IN_REGISTER(wv[c]);                                                              \
-            }                                                                                    \
-            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
-                __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[r * P + p]);                    \
-                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                             \
-                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, (__m512bh)wv[c]);                \
-            }                                                                                    \
-        }                                                                                        \
+        DOT_STEPS(RB, NC, acc, wt + ob * N, N / 2, (int)x[r * (N / 2) + s], DOT_BF16)            \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + r * M + ob + 16 * c, acc[r][c]); \
     }
@@ -409,6 +415,11 @@ static const uint32_t *to_bf16_pairs(const float *x, int64_t R, int64_t N) {
  * ws [M] floats, comp [M] int32s, then each block's [in, bw] columns as [in / 4, bw, 4], each
  * lane's four bytes (w8[4q .. 4q + 3, j]) beside the input's four broadcast to every lane. */
 #if defined(__AVX512VNNI__)
+static inline int32_t quad(const uint8_t *bytes) { /* four input bytes, as one word */
+    int32_t word;
+    memcpy(&word, bytes, sizeof word);
+    return word;
+}
 #define MMQ_KERNEL(RB, NC)                                                                       \
     static void mmq_##RB##_##NC(const uint8_t *x, const float *xs, int64_t N, const int8_t *wt,   \
                                 const float *ws, const int32_t *comp, int64_t M, int64_t ob,    \
@@ -416,21 +427,7 @@ static const uint32_t *to_bf16_pairs(const float *x, int64_t R, int64_t N) {
         __m512i acc[RB][NC];                                                                     \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_si512(); \
-        _Pragma("GCC unroll 1") for (int64_t q = 0; q < N / 4; q++) {                            \
-            const int8_t *w = wt + ob * N + q * 64 * NC;                                         \
-            __m512i wv[NC];                                                                      \
-            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                               \
-                wv[c] = _mm512_loadu_si512((const void *)(w + 64 * c));                          \
-                IN_REGISTER(wv[c]);                                                              \
-            }                                                                                    \
-            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                               \
-                int32_t quad;                                                                    \
-                memcpy(&quad, x + r * N + 4 * q, sizeof quad);                                   \
-                __m512i xv = _mm512_set1_epi32(quad);                                            \
-                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                             \
-                    acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], xv, wv[c]);                       \
-            }                                                                                    \
-        }                                                                                        \
+        DOT_STEPS(RB, NC, acc, wt + ob * N, N / 4, quad(x + r * N + 4 * s), _mm512_dpbusd_epi32)  \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                     \
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                   \
             int64_t j = ob + 16 * c;                                                             \
