@@ -394,6 +394,33 @@ def test_int8_weights_multiply_quantized_values_and_a_rows_numbers_do_not_depend
     assert native.blocked(torch.randn(64, 88), "int8") is None
 
 
+@needs_kernel("bfloat16")
+def test_a_drafter_takes_the_next_wider_kernel_where_the_cpu_lacks_the_one_asked_for(monkeypatch):
+    """`draft_dtype` is the narrowest type asked for (`linear.narrow`): int8 on a CPU without
+    AVX512-VNNI gives bfloat16, and without AVX512-BF16 too, float32; a group converts all or
+    none (a projection int8 cannot take, its input width not a multiple of 16, keeps the group
+    at bfloat16)."""
+    from specdec.core.models.linear import InferenceLinear, narrow
+
+    torch.manual_seed(0)
+
+    def group(*shapes):
+        return [InferenceLinear(torch.randn(out, inp)) for out, inp in shapes]
+
+    assert narrow(group((64, 96), (32, 64)), "int8") == ("int8" if native.kernel_available("int8") else "bfloat16")
+    mixed = group((64, 96), (32, 72))  # 72 inputs: no int8 layout
+    assert narrow(mixed, "int8") == "bfloat16" and {x.blocked.dtype for x in mixed} == {torch.bfloat16}
+    available = native.kernel_available
+    monkeypatch.setattr(native, "kernel_available", lambda dtype: dtype != "int8" and available(dtype))
+    linears = group((64, 96), (32, 64))
+    assert narrow(linears, "int8") == "bfloat16" and {x.blocked.dtype for x in linears} == {torch.bfloat16}
+    monkeypatch.setattr(native, "kernel_available", lambda dtype: dtype == "float32" and available(dtype))
+    linears = group((64, 96), (32, 64))
+    before = [x.blocked for x in linears]
+    assert narrow(linears, "int8") == "float32" and all(x.blocked is b for x, b in zip(linears, before))
+    assert narrow(group((64, 96)), "float32") == "float32"
+
+
 def drafter_weight_types(proposer) -> list[int]:
     """The `decoder.c` weight types of a drafter's native matmuls: Medusa's heads; the draft
     model's layers and head; EAGLE's layers, output head and fc."""
