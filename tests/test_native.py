@@ -459,6 +459,7 @@ def test_rounded_drafters_propose_through_their_kernels_and_the_output_is_the_ba
                                            **kit_paths(DEMO_KIT)))
         if method_ != "baseline":  # float32 drafters keep their float32 or float16 kernels
             types = drafter_weight_types(eng.proposer)
+            assert eng.proposer.drafts_in == draft_dtype  # what the served model's ready line names
             if draft_dtype == "float32":
                 assert set(types) <= {0, 1}, types
             else:

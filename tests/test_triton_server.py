@@ -261,6 +261,20 @@ def test_bad_inputs_get_named_errors_and_the_server_keeps_serving(served):
     assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
 
 
+def test_each_models_ready_line_names_the_type_its_drafters_matmuls_take(served):
+    """A served model's log line at start-up says which type its drafter's matmuls took
+    (`draft_dtype`, or the next wider type this CPU has: `linear.narrow`), so a user can see the
+    drafter they measure; these float64 models keep float64, and models without a drafter model
+    (the baseline, prompt lookup) name none."""
+    log = served.log_path.read_text(errors="replace")
+    ready = {m: line for line in log.splitlines() for m in re.findall(r"specdec: (\S+) ready \(", line)}
+    assert {"baseline", "spec_draft", "spec_medusa", "spec_eagle", "spec_ngram"} <= set(ready), sorted(ready)
+    for model in ("spec_draft", "spec_medusa", "spec_eagle"):
+        assert "); its drafter's matmuls take float64" in ready[model], ready[model]
+    for model in ("baseline", "spec_ngram"):
+        assert "drafter's matmuls" not in ready[model], ready[model]
+
+
 def test_metrics_count_accepted_tokens(served):
     model = "spec_draft"  # the draft is a copy of the target: every greedy draft token is accepted
     before = scrape(served)

@@ -189,7 +189,9 @@ class TritonPythonModel:
         self.engine.start()
         self.watcher = threading.Thread(target=self._watch, name="specdec-cancel-watcher", daemon=True)
         self.watcher.start()
-        pb_utils.Logger.log_info(f"specdec: {self.name} ready ({self.config})")
+        drafts_in = getattr(self.engine.proposer, "drafts_in", None)  # None: no drafter model (or no proposer)
+        pb_utils.Logger.log_info(f"specdec: {self.name} ready ({self.config})"
+                                 + (f"; its drafter's matmuls take {drafts_in}" if drafts_in else ""))
 
     def execute(self, requests):
         for request in requests:

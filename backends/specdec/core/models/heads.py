@@ -31,7 +31,7 @@ from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
 from specdec.core.models.linear import InferenceLinear, narrow, one_row_packed
 from specdec.core.models.llama import DecoderLayer, RopeTable, prepare_inference, run_decoder
-from specdec.core.models.native import NativeDecoder, layer_linears
+from specdec.core.models.native import KERNELS, NativeDecoder, layer_linears
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -147,7 +147,7 @@ class EagleHead(nn.Module):
         tokens a draft against 3.58)."""
         dtype = narrow(layer_linears(self.layers), draft_dtype)
         narrow([self.fc_inference], min(draft_dtype, "bfloat16", key=DRAFT_DTYPES.index))
-        if dtype != "float32":
+        if dtype in KERNELS:
             self.native = NativeDecoder.for_layers(self.layers)
         return dtype
 

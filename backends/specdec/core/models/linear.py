@@ -44,17 +44,16 @@ def narrow(linears: list["InferenceLinear"], draft_dtype: str) -> str:
     then bfloat16: `DRAFT_DTYPES`, widest first), that all of them take here (`native.blocked`),
     all or none (a native call runs one kernel for all its matmuls): their rounded products
     change only what the drafter proposes. Rows past `native.NATIVE_MAX_ROWS` keep the float32
-    weights. Returns the type they now have: float32 where nothing narrower fits (or any of them
-    has no native matmul)."""
-    if any(x.blocked is None for x in linears):
-        return "float32"
-    for dtype in DRAFT_DTYPES[DRAFT_DTYPES.index(draft_dtype):0:-1]:
-        converted = [native.blocked(x.weight, dtype) for x in linears]
-        if all(b is not None for b in converted):
-            for x, b in zip(linears, converted):
-                x.blocked = b
-            return dtype
-    return "float32"
+    weights. Returns the type their matmuls now take: a rounded one (`native.KERNELS`), else the
+    weights' own (where nothing narrower fits, or any of them has no native matmul)."""
+    if all(x.blocked is not None for x in linears):
+        for dtype in DRAFT_DTYPES[DRAFT_DTYPES.index(draft_dtype):0:-1]:
+            converted = [native.blocked(x.weight, dtype) for x in linears]
+            if all(b is not None for b in converted):
+                for x, b in zip(linears, converted):
+                    x.blocked = b
+                return dtype
+    return str(linears[0].weight.dtype).removeprefix("torch.")
 
 
 def packable(weight: Tensor) -> bool:

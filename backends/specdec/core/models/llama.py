@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from specdec.core.models.config import LlamaConfig
 from specdec.core.models.kv_cache import KVCache
 from specdec.core.models.linear import InferenceLinear, narrow, one_row_packed
-from specdec.core.models.native import NativeChain, NativeDecoder, layer_linears
+from specdec.core.models.native import KERNELS, NativeChain, NativeDecoder, layer_linears
 
 
 class RMSNorm(nn.Module):
@@ -390,6 +390,6 @@ class LlamaForCausalLM(nn.Module):
         native matmuls in `draft_dtype` or the narrowest wider type this CPU takes
         (`linear.narrow`); returns that type."""
         dtype = narrow(layer_linears(self.model.layers) + [self.head], draft_dtype)
-        if dtype != "float32":
+        if dtype in KERNELS:
             self.build_native()
         return dtype

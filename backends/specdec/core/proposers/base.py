@@ -19,6 +19,9 @@ class Proposer(Protocol):
     # does `commit` keep anything for a row that drafted nothing (EAGLE's and Medusa's target
     # features)? Where not (the draft model, prompt lookup), the engine skips it for such rows
     commits_undrafted: bool
+    # the type its drafter's native matmuls took (`linear.narrow`: `draft_dtype` or the next wider
+    # type this CPU has), or None where it has no drafter model (prompt lookup)
+    drafts_in: str | None
 
     def depth_for(self, k: int) -> int:
         """How deep a draft of k tokens (tree nodes) reaches: what its proposal time grows with."""

@@ -34,8 +34,8 @@ def pad_batch(rows: list[list[int]], device) -> Tensor:
 class DraftModelProposer:
     commits_undrafted = False  # a round without draft tokens leaves `fed` as it was
 
-    def __init__(self, model: LlamaForCausalLM, k: int = 4, eos_ids: list[int] = ()) -> None:
-        self.model, self.max_k, self.eos_ids = model, k, list(eos_ids)
+    def __init__(self, model: LlamaForCausalLM, k: int = 4, eos_ids: list[int] = (), drafts_in: str = "float32") -> None:
+        self.model, self.max_k, self.eos_ids, self.drafts_in = model, k, list(eos_ids), drafts_in
         self.fed: dict[int, int] = {}
         self.drafted: dict[int, int] = {}  # draft tokens fed to the cache by the last proposal
         self.shift: dict[int, int] = {}  # positions before the cache's first entry (a windowed catch-up)
@@ -132,8 +132,8 @@ def build(cfg: EngineConfig, target: Target) -> DraftModelProposer:
     if Tokenizer(folder).fingerprint() != target.tokenizer.fingerprint():
         raise ConfigurationError(f"draft {folder!r} uses a different tokenizer than target {target.folder!r}")
     model = load_model(folder, target.dtype, target.device)
-    model.draft_in(cfg.proposer.draft_dtype)
+    drafts_in = model.draft_in(cfg.proposer.draft_dtype)
     if model.config.vocab_size != target.model.config.vocab_size:
         raise ConfigurationError(
             f"draft vocabulary ({model.config.vocab_size}) differs from the target's ({target.model.config.vocab_size})")
-    return DraftModelProposer(model, cfg.proposer.k, target.eos_ids)
+    return DraftModelProposer(model, cfg.proposer.k, target.eos_ids, drafts_in)

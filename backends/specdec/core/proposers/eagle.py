@@ -26,7 +26,7 @@ from specdec.core.errors import ConfigurationError
 from specdec.core.models.heads import EagleHead
 from specdec.core.models.linear import InferenceLinear, narrow
 from specdec.core.models.llama import LlamaForCausalLM
-from specdec.core.models.native import NativeChain
+from specdec.core.models.native import KERNELS, NativeChain
 from specdec.core.proposers.base import (CATCH_UP_WINDOW, catch_up_length, catch_up_rows, eos_until, feature_addresses,
                                         next_draft_tokens, path_features, restart_at_window, window_positions)
 from specdec.core.sequence import Sequence
@@ -49,9 +49,10 @@ class EagleProposer:
 
     def __init__(
         self, head: EagleHead, target: LlamaForCausalLM, k: int = 4, tree: EagleTree | None = None,
-        eos_ids: list[int] = (), vocab: InferenceLinear | None = None,
+        eos_ids: list[int] = (), vocab: InferenceLinear | None = None, drafts_in: str = "float32",
     ) -> None:
         self.head, self.target, self.tree, self.eos_ids = head, target, tree, list(eos_ids)
+        self.drafts_in = drafts_in  # its layers' and output head's type; its fc's is bfloat16 at most
         # the output head a draft's logits come from: the target's, or a copy in `draft_dtype`
         self.vocab = vocab or target.head or target.lm_head
         self.max_k = min(k, tree.total_tokens) if tree else k  # k caps a tree's nodes too
@@ -295,8 +296,9 @@ def build(cfg: EngineConfig, target: Target) -> EagleProposer:
         raise ConfigurationError("EAGLE head hidden size differs from the target's")
     tree = EagleTree(*p.eagle_tree) if p.method == "eagle2" else None
     vocab = None
-    if head.draft_in(p.draft_dtype) != "float32":
+    drafts_in = head.draft_in(p.draft_dtype)
+    if drafts_in in KERNELS:
         vocab = copy.copy(target.model.head)  # shares the target's float32 weight and packed copy
-        if narrow([vocab], p.draft_dtype) == "float32":
+        if narrow([vocab], p.draft_dtype) not in KERNELS:
             vocab = None
-    return EagleProposer(head, target.model, p.k, tree, target.eos_ids, vocab)
+    return EagleProposer(head, target.model, p.k, tree, target.eos_ids, vocab, drafts_in)

@@ -47,8 +47,9 @@ def check_tree(paths: list[list[int]], num_heads: int, vocab: int) -> list[list[
 class MedusaProposer:
     commits_undrafted = True  # the last round's features, what the heads draft from
 
-    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None, k: int | None = None) -> None:
-        self.heads = heads
+    def __init__(self, heads: MedusaHeads, tree: list[list[int]] | None = None, k: int | None = None,
+                 drafts_in: str = "float32") -> None:
+        self.heads, self.drafts_in = heads, drafts_in
         paths = check_tree(tree if tree is not None else MC_SIM_7B_63, heads.num_heads, heads.vocab)
         if k is not None and k < 1:
             raise ConfigurationError(f"medusa needs k >= 1 (tree nodes per step), got {k}")
@@ -112,5 +113,5 @@ def build(cfg: EngineConfig, target: Target) -> MedusaProposer:
     heads = MedusaHeads.load(require(cfg.checkpoints.medusa, "medusa", p.method), target.dtype, target.device)
     if heads.vocab != target.model.config.vocab_size or heads.hidden != target.model.config.hidden_size:
         raise ConfigurationError("medusa heads do not fit the target (hidden size or vocabulary differ)")
-    heads.draft_in(p.draft_dtype)
-    return MedusaProposer(heads, [list(path) for path in p.medusa_tree] if p.medusa_tree else None, p.k)
+    drafts_in = heads.draft_in(p.draft_dtype)
+    return MedusaProposer(heads, [list(path) for path in p.medusa_tree] if p.medusa_tree else None, p.k, drafts_in)

@@ -57,6 +57,7 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 
 class NgramProposer:
     commits_undrafted = False  # its index catches up on the tokens themselves (`backlog`)
+    drafts_in = None  # no drafter model
 
     def __init__(self, k: int, min_n: int, max_n: int) -> None:
         if not 1 <= min_n <= max_n:
