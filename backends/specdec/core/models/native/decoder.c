@@ -339,6 +339,22 @@ MM8_KERNELS(_Float16, ld8_f16)
         }                                                                                        \
     }
 
+/* A buffer of the calling thread's, at least `bytes` long and valid until its next call, for a
+ * matmul's converted input (`to_bf16_pairs`, `to_int8_rows`: one per matmul, read by the pool's
+ * workers during it); NULL where it cannot grow. */
+#if defined(__AVX512BF16__) || defined(__AVX512VNNI__)
+static void *input_scratch(int64_t bytes) {
+    static __thread void *buf;
+    static __thread int64_t cap;
+    if (bytes > cap) {
+        void *grown = realloc(buf, bytes);
+        if (!grown) return NULL;
+        buf = grown, cap = bytes;
+    }
+    return buf;
+}
+#endif
+
 /* bfloat16 weights (WT_BF16): a drafter's, where the CPU has AVX512-BF16 (`specdec_has_bf16`).
  * Why: a drafter's proposal is matmuls of one or a few rows, bound by the FMA pipes (the demo
  * kit's EAGLE head, two layers as wide as the target's four, cost 0.68 ms a proposal beside a
@@ -384,13 +400,8 @@ static void matmul_bf16(const uint32_t *x, int64_t R, int64_t N, const uint16_t 
 /* x [R, N] rounded to bfloat16 (to nearest even, as torch's conversion), as [R, N / 2] pairs in a
  * buffer of the calling thread's, valid until its next call; NULL where it cannot grow */
 static const uint32_t *to_bf16_pairs(const float *x, int64_t R, int64_t N) {
-    static __thread uint16_t *buf;
-    static __thread int64_t cap;
-    if (R * N > cap) {
-        uint16_t *grown = realloc(buf, sizeof(uint16_t) * R * N);
-        if (!grown) return NULL;
-        buf = grown, cap = R * N;
-    }
+    uint16_t *buf = input_scratch(sizeof(uint16_t) * R * N);
+    if (!buf) return NULL;
     int64_t n = R * N, i = 0;
     for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(buf + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
     for (; i < n; i++) {
@@ -463,14 +474,8 @@ static void matmul_i8(const void *in, int64_t R, int64_t N, const void *wt, cons
  * then [R, N] bytes, x / scale rounded to nearest even, clamped to +-127, plus 128; in a buffer
  * of the calling thread's, valid until its next call; NULL where it cannot grow */
 static const void *to_int8_rows(const float *x, int64_t R, int64_t N) {
-    static __thread float *buf;
-    static __thread int64_t cap;
-    int64_t bytes = R * (int64_t)sizeof(float) + R * N;
-    if (bytes > cap) {
-        float *grown = realloc(buf, bytes);
-        if (!grown) return NULL;
-        buf = grown, cap = bytes;
-    }
+    float *buf = input_scratch(R * (int64_t)sizeof(float) + R * N);
+    if (!buf) return NULL;
     uint8_t *q = (uint8_t *)(buf + R);
     for (int64_t r = 0; r < R; r++) {
         const float *row = x + r * N;
