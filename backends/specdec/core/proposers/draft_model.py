@@ -132,8 +132,7 @@ def build(cfg: EngineConfig, target: Target) -> DraftModelProposer:
     if Tokenizer(folder).fingerprint() != target.tokenizer.fingerprint():
         raise ConfigurationError(f"draft {folder!r} uses a different tokenizer than target {target.folder!r}")
     model = load_model(folder, target.dtype, target.device)
-    drafts_in = model.draft_in(cfg.proposer.draft_dtype)
     if model.config.vocab_size != target.model.config.vocab_size:
         raise ConfigurationError(
             f"draft vocabulary ({model.config.vocab_size}) differs from the target's ({target.model.config.vocab_size})")
-    return DraftModelProposer(model, cfg.proposer.k, target.eos_ids, drafts_in)
+    return DraftModelProposer(model, cfg.proposer.k, target.eos_ids, model.draft_in(cfg.proposer.draft_dtype))
