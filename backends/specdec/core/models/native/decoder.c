@@ -187,13 +187,7 @@ static inline v16 bcast16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, 
                                          mm_4_4_##LOAD, mm_5_4_##LOAD, mm_6_4_##LOAD};          \
         static const fn by1[ROWS + 1] = {0, mm_1_1_##LOAD, mm_2_1_##LOAD, mm_3_1_##LOAD,        \
                                          mm_4_1_##LOAD, mm_5_1_##LOAD, mm_6_1_##LOAD};          \
-        int64_t whole = M / 64 * 64, ob = begin;                                                 \
-        for (; ob < whole && ob < end; ob += 64)                                                 \
-            for (int64_t r = 0, rb; r < R; r += rb)                                              \
-                by4[rb = row_block(R - r)](x + r * N, N, wt, M, ob, bias, out + r * M);          \
-        for (; ob < end; ob += 16)                                                               \
-            for (int64_t r = 0, rb; r < R; r += rb)                                              \
-                by1[rb = row_block(R - r)](x + r * N, N, wt, M, ob, bias, out + r * M);          \
+        FOR_EACH_PASS(R, M, begin, end, by4, by1, x + r * N, N, wt, M, ob, bias, out + r * M)    \
     }
 #define ROWS 6
 /* Rows of the next pass over a block with `left` rows to go: as few passes as ROWS allows, of
@@ -203,6 +197,14 @@ static inline int64_t row_block(int64_t left) {
     int64_t passes = (left + ROWS - 1) / ROWS;
     return (left + passes - 1) / passes;
 }
+/* The walk of the 16-float, bfloat16 and int8 matmuls over out [R, begin .. end): each 64-column
+ * block's rows in passes of row_block's sizes through by4[rb] (a kernel of 4 16-column units),
+ * then each remaining 16-column block's through by1[rb]; the kernel's arguments (the rest) name
+ * the pass's first row r and first column ob. */
+#define FOR_EACH_PASS(R, M, begin, end, by4, by1, ...)                                           \
+    for (int64_t ob = (begin), whole_ = (M) / 64 * 64; ob < (end); ob += ob < whole_ ? 64 : 16) \
+        for (int64_t r = 0, rb; r < (R); r += rb)                                                \
+            (ob < whole_ ? by4 : by1)[rb = row_block((R) - r)](__VA_ARGS__);
 /* 8-float kernels (one ymm register a vector). Without AVX-512 they are the matmul: a v16 is two
  * ymm registers there, and GCC lowered the 16-float kernels above badly: it kept the accumulators
  * in memory and broadcast each x through 16 scalar stores (on an AVX2 EPYC one row of a
@@ -389,13 +391,7 @@ static void matmul_bf16(const uint32_t *x, int64_t R, int64_t N, const uint16_t 
     typedef void (*fn)(const uint32_t *, int64_t, const uint16_t *, int64_t, int64_t, const float *, float *);
     static const fn by4[ROWS + 1] = {0, mmb_1_4, mmb_2_4, mmb_3_4, mmb_4_4, mmb_5_4, mmb_6_4};
     static const fn by1[ROWS + 1] = {0, mmb_1_1, mmb_2_1, mmb_3_1, mmb_4_1, mmb_5_1, mmb_6_1};
-    int64_t whole = M / 64 * 64, ob = begin;
-    for (; ob < whole && ob < end; ob += 64)
-        for (int64_t r = 0, rb; r < R; r += rb)
-            by4[rb = row_block(R - r)](x + r * (N / 2), N, wt, M, ob, bias, out + r * M);
-    for (; ob < end; ob += 16)
-        for (int64_t r = 0, rb; r < R; r += rb)
-            by1[rb = row_block(R - r)](x + r * (N / 2), N, wt, M, ob, bias, out + r * M);
+    FOR_EACH_PASS(R, M, begin, end, by4, by1, x + r * (N / 2), N, wt, M, ob, bias, out + r * M)
 }
 /* x [R, N] rounded to bfloat16 (to nearest even, as torch's conversion), as [R, N / 2] pairs in a
  * buffer of the calling thread's, valid until its next call; NULL where it cannot grow */
@@ -462,13 +458,7 @@ static void matmul_i8(const void *in, int64_t R, int64_t N, const void *wt, cons
     const uint8_t *x = (const uint8_t *)(xs + R);
     const int32_t *comp = (const int32_t *)(ws + M);
     const int8_t *w8 = (const int8_t *)(comp + M);
-    int64_t whole = M / 64 * 64, ob = begin;
-    for (; ob < whole && ob < end; ob += 64)
-        for (int64_t r = 0, rb; r < R; r += rb)
-            by4[rb = row_block(R - r)](x + r * N, xs + r, N, w8, ws, comp, M, ob, bias, out + r * M);
-    for (; ob < end; ob += 16)
-        for (int64_t r = 0, rb; r < R; r += rb)
-            by1[rb = row_block(R - r)](x + r * N, xs + r, N, w8, ws, comp, M, ob, bias, out + r * M);
+    FOR_EACH_PASS(R, M, begin, end, by4, by1, x + r * N, xs + r, N, w8, ws, comp, M, ob, bias, out + r * M)
 }
 /* x [R, N] (N % 16 == 0) quantized per row: R scales max |x[r]| / 127 (1 for a row of zeros),
  * then [R, N] bytes, x / scale rounded to nearest even, clamped to +-127, plus 128; in a buffer
