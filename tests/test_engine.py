@@ -370,6 +370,21 @@ def test_an_adaptive_engines_steps_carry_the_policys_own_time(kit):
     assert all(r.proposal_seconds == r.propose_seconds + r.policy_seconds for r in records)
 
 
+def test_an_adaptive_engines_steps_carry_the_engines_time_between_them(kit):
+    """A step's time as the policy sees it (`StepRecord.step_seconds`) includes the engine's loop
+    since the step before, which every step pays, but not a prefill between them. Here the loop
+    is made to take 5 ms (before the admissions, so the first decode step follows the prefill)."""
+    eng = engine(kit, "ngram", max_batch=2, max_context=64, policy="adaptive")
+    seconds = []
+    observe, coasting, drop = eng.policy.observe, eng.policy.observe_coasting, eng._drop_cancelled
+    eng.policy.observe = lambda step: seconds.append(step.step_seconds) or observe(step)
+    eng.policy.observe_coasting = lambda seqs, step, proposal: seconds.append(step) or coasting(seqs, step, proposal)
+    eng._drop_cancelled = lambda: time.sleep(0.005) or drop()
+    eng.generate(["def f(x):", "import os"], SamplingParams(max_tokens=16, ignore_eos=True))
+    assert len(seconds) >= 8
+    assert seconds[0] < 0.005 <= min(seconds[1:])
+
+
 def test_outputs_that_shared_a_response_are_not_charged_as_responses(kit):
     """Where the sender fell behind, a stream's Outputs left together: a step fewer would have
     saved no response. 6 Outputs in 2 responses of 3: no charge; 4 in 3 responses, 2 of them

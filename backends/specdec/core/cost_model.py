@@ -2,9 +2,9 @@
 
 A step's cost is the time of a step without its proposal for the batch's total tokens (the target
 forward, calibrated at start-up over token counts, then corrected by every real step's timing, which
-also brings in what a forward-only calibration misses: inputs, verification, compaction, output; one
-preempted calibration timing on a busy machine once made 2 tokens look 3x the cost of 1, and
-speculation never started; a count's point is the median of its recent pairs, each a step at
+also brings in what a forward-only calibration misses: inputs, verification, compaction, output,
+the engine's loop between steps; one preempted calibration timing on a busy machine once made 2
+tokens look 3x the cost of 1, and speculation never started; a count's point is the median of its recent pairs, each a step at
 that count and a settled plain step (one token per row) at most PAIR_GAP steps apart, whose ratio
 needs no load, at most SHAPE_BOUND from the start-up curve; where points disagree, the one whose
 count ran more often and more lately prevails) plus the proposer's time, (fixed + per_level * depth)

@@ -118,6 +118,11 @@ class Engine:
         self.stopping = False
         self.lap_start = time.perf_counter()
         self.observed_seconds = 0.0  # the policy's observation of the last step
+        # the engine's own time between two decode steps (the loop, dropping cancelled requests,
+        # admitting none): every step pays it, and it counts with the step's time the policy sees
+        # (`StepRecord.step_seconds`); measured where no prefill came between (`decode_end` None)
+        self.loop_seconds = 0.0
+        self.decode_end: float | None = None
         if self.adaptive:
             cost = CostModel.measure(self.probe_forward, max_batch * (max_k + 1))
             cost.proposals.start(self.time_proposals())
@@ -217,6 +222,7 @@ class Engine:
             scheduled = time.perf_counter() - t0
             if admitted:
                 self._prefill(admitted)
+                self.decode_end = None  # the time since the last decode step was mostly the prefill's
             if self.running:
                 t1 = self.lap_start = time.perf_counter()
                 self._decode()
@@ -295,6 +301,8 @@ class Engine:
     def _decode(self) -> None:
         seqs = list(self.running)
         chosen = time.perf_counter()
+        if self.decode_end is not None:
+            self.loop_seconds = chosen - self.decode_end
         ks = self.policy.choose(seqs)
         chosen = time.perf_counter() - chosen
         self._lap("policy")
@@ -370,14 +378,16 @@ class Engine:
                 self.proposer.commit(seq, verdict.path, hidden, b)
                 self._lap("commit")
         t4 = time.perf_counter()
+        step_seconds = t4 - t1 + self.loop_seconds
         if self.policy.coasting_plain:  # a paused batch between searches: its step's times alone
-            self.policy.observe_coasting(seqs, t4 - t1, t1 - t0 + chosen + self.observed_seconds)
+            self.policy.observe_coasting(seqs, step_seconds, t1 - t0 + chosen + self.observed_seconds)
         else:
             self.policy.observe(StepRecord(
                 seqs, ks, depths, accepted_n, backlogs, propose_seconds=t1 - t0, depth=max(depths),
-                step_seconds=t4 - t1, tokens=tokens_run, policy_seconds=chosen + self.observed_seconds))
+                step_seconds=step_seconds, tokens=tokens_run, policy_seconds=chosen + self.observed_seconds))
         self.observed_seconds = time.perf_counter() - t4  # charged to the next step (`StepRecord.policy_seconds`)
         self._lap("policy")
+        self.decode_end = self.lap_start
 
     def _forward(self, tokens: list[int], positions: list[int], B: int, T: int, slots: list[int], starts: list[int],
                  masks: Tensor | None, lengths: list[int] | None) -> tuple[Tensor, Tensor]:
