@@ -734,12 +734,16 @@ static void rms_norm(const float *x, const float *w, int64_t H, float eps, float
     for (int64_t h = 0; h < H; h += VW) stv(out + h, ldv(x + h) * scale * ldv(w + h));
 }
 
-/* x * cos + roll(x, hd / 2) * signed_sin, in place, for one head */
-static void rope(float *x, const float *cos, const float *sin, int64_t hd) {
-    float tmp[512];
+/* x * cos + roll(x, hd / 2) * signed_sin, in place, for one head: each pair (x[d], x[d + hd / 2])
+ * at once. Written over all of x with the roll's index taken modulo hd, the loop stayed scalar, and
+ * it took 2.6% of EAGLE's engine time at batch 1 (perf; the attention, which it feeds, 11%) */
+static void rope(float *restrict x, const float *restrict cos, const float *restrict sin, int64_t hd) {
     int64_t half = hd / 2;
-    for (int64_t d = 0; d < hd; d++) tmp[d] = x[d] * cos[d] + x[(d + half) % hd] * sin[d];
-    memcpy(x, tmp, hd * sizeof(float));
+    for (int64_t d = 0; d < half; d++) {
+        float lo = x[d], hi = x[d + half];
+        x[d] = lo * cos[d] + hi * sin[d];
+        x[d + half] = hi * cos[d + half] + lo * sin[d + half];
+    }
 }
 
 /* Attention over a forward's (row, head) pairs: key j of token i of row b is visible if j < start
