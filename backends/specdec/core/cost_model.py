@@ -4,15 +4,15 @@ A step's cost is the time of a step without its proposal for the batch's total t
 forward, calibrated at start-up over token counts, then corrected by every real step's timing, which
 also brings in what a forward-only calibration misses: inputs, verification, compaction, output,
 the engine's loop between steps; one preempted calibration timing on a busy machine once made 2
-tokens look 3x the cost of 1, and speculation never started; a count's point is the median of its recent pairs, each a step at
-that count and a settled plain step (one token per row) at most PAIR_GAP steps apart, whose ratio
-needs no load, at most SHAPE_BOUND from the start-up curve; where points disagree, the one whose
-count ran more often and more lately prevails) plus the proposer's time, (fixed + per_level * depth)
-* (1 + row_share * (rows - 1)), fitted online by least squares over the median time per depth and
-row count of recent proposals (medians that disagree with that model lowered: `consistent`; the
-rows' share from them once two row counts were timed), started from proposals the engine times
-before serving (one row and a full batch), one such fit for proposals with a sampled drafting row
-and one for greedy ones (`CostModel.use_path`).
+tokens look 3x the cost of 1, and speculation never started; a count's point is the median of its
+recent pairs, each a step at that count and a settled plain step (one token per row) at most
+PAIR_GAP steps apart, whose ratio needs no load, at most SHAPE_BOUND from the start-up curve;
+where points disagree, the one whose count ran more often and more lately prevails) plus the
+proposer's time, (fixed + per_level * depth) * (1 + row_share * (rows - 1)), fitted online by least
+squares over the median time per depth and row count of recent proposals (medians that disagree
+with that model lowered: `consistent`; the rows' share from them once two row counts were timed),
+started from proposals the engine times before serving (one row and a full batch), one such fit for
+proposals with a sampled drafting row and one for greedy ones (`CostModel.use_path`).
 """
 
 from __future__ import annotations
