@@ -10,7 +10,7 @@ import pytest
 from specdec.cli import main
 from specdec.core.engine import EngineMetrics
 from specdec.tools import bench
-from specdec.tools.bench import forward_rate
+from specdec.tools.bench import drafting_totals, forward_rate
 from test_engine import kit  # noqa: F401  (module-scoped fixture: tiny target, draft, Medusa, EAGLE)
 
 
@@ -144,6 +144,17 @@ def test_the_bound_is_tokens_committed_per_second_of_proposals_and_forwards():
     baseline = EngineMetrics(steps=10, output_tokens=8 + 80, verify_seconds=1.0)
     drained = EngineMetrics(steps=10, output_tokens=8 + 120, propose_seconds=0.5, verify_seconds=1.0)
     assert forward_rate(drained, 8) / forward_rate(baseline, 8) == pytest.approx((120 / 1.5) / (80 / 1.0))
+
+
+def test_the_acceptance_reported_adds_up_every_repeat():
+    # an adaptive method drafts differently from repeat to repeat: its acceptance per position is
+    # every repeat's, not the last one's (which here never drafted a third token)
+    first = EngineMetrics(drafts=4, draft_tokens=12, accepted_tokens=9, accepted_per_position=[4, 3, 2])
+    last = EngineMetrics(drafts=2, draft_tokens=4, accepted_tokens=3, accepted_per_position=[2, 1])
+    total = drafting_totals([first, last])
+    assert (total.drafts, total.draft_tokens, total.accepted_tokens) == (6, 16, 12)
+    assert total.accepted_per_position == [6, 4, 2]
+    assert first.accepted_per_position == [4, 3, 2]  # the repeats' own counters are left as they were
 
 
 def test_bench_peer_hf_runs_transformers_on_the_same_checkpoints_and_prompts(kit, tmp_path, capsys):  # noqa: F811
