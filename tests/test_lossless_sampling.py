@@ -18,7 +18,7 @@ from specdec.core.config import EngineConfig
 from specdec.core.engine_config import build_engine
 from specdec.core.models.checkpoint import load_model
 from specdec.core.sampling import SamplingParams, probs
-from test_native import DRAFTER_TYPES, drafter_weight_types, needs_kernel
+from test_native import DRAFTER_TYPES, ROUNDED_DTYPES, drafter_weight_types
 from tiny_checkpoints import make_heads, make_small_vocab_model
 
 V = 8
@@ -109,7 +109,7 @@ def test_typical_acceptance_is_opt_in_and_measurably_lossy(small):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [pytest.param(d, marks=needs_kernel(d)) for d in ("bfloat16", "int8")])
+@pytest.mark.parametrize("dtype", ROUNDED_DTYPES)
 @pytest.mark.parametrize("method", ["draft", "eagle"])
 def test_rounded_drafters_sample_from_the_target_distribution(tmp_path_factory, tokenizer_dir, method, dtype):
     """Sampled drafts from bfloat16 or int8 drafters (`draft_dtype`; int8 the default) are drawn

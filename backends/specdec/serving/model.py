@@ -189,7 +189,8 @@ class TritonPythonModel:
         self.engine.start()
         self.watcher = threading.Thread(target=self._watch, name="specdec-cancel-watcher", daemon=True)
         self.watcher.start()
-        drafts_in = getattr(self.engine.proposer, "drafts_in", None)  # None: no drafter model (or no proposer)
+        proposer = self.engine.proposer
+        drafts_in = proposer.drafts_in if proposer is not None else None  # None: no drafter model
         pb_utils.Logger.log_info(f"specdec: {self.name} ready ({self.config})"
                                  + (f"; its drafter's matmuls take {drafts_in}" if drafts_in else ""))
 

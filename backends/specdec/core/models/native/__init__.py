@@ -187,15 +187,16 @@ def blocked(weight: Tensor, dtype: str = "float32") -> Tensor | None:
         wt = torch.round(wt / scales).clamp(-127, 127).to(torch.int8)
     whole = wt.shape[1] // 64 * 64
     blocks = [wt[:, o : o + 64] for o in range(0, whole, 64)] + [wt[:, o : o + 16] for o in range(whole, wt.shape[1], 16)]
+    if dtype == "float32":
+        flat = torch.cat([b.contiguous().flatten() for b in blocks])
+        half = flat.to(torch.float16)
+        return half if torch.equal(half.to(torch.float32), flat) else flat
+    group = {"bfloat16": 2, "int8": 4}[dtype]  # rows side by side in a lane, as vdpbf16ps / vpdpbusd take them
+    grouped = [b.reshape(-1, group, b.shape[1]).transpose(1, 2).flatten() for b in blocks]
     if dtype == "bfloat16":
-        return torch.cat([b.reshape(-1, 2, b.shape[1]).transpose(1, 2).flatten() for b in blocks]).to(torch.bfloat16)
-    if dtype == "int8":
-        compensation = 128 * wt.sum(0, dtype=torch.int32)
-        return torch.cat([scales.contiguous().view(torch.int8), compensation.view(torch.int8)]
-                         + [b.reshape(-1, 4, b.shape[1]).transpose(1, 2).flatten() for b in blocks])
-    flat = torch.cat([b.contiguous().flatten() for b in blocks])
-    half = flat.to(torch.float16)
-    return half if torch.equal(half.to(torch.float32), flat) else flat
+        return torch.cat(grouped).to(torch.bfloat16)
+    compensation = 128 * wt.sum(0, dtype=torch.int32)
+    return torch.cat([scales.contiguous().view(torch.int8), compensation.view(torch.int8)] + grouped)
 
 
 # decoder.c's WT_F32, WT_F16, WT_BF16, WT_I8
