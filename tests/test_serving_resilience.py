@@ -215,7 +215,10 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
 # ---- a dead stub, a dead tritonserver --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stub_killed(repo, tmp_path_factory):
-    """Kill -9 spec_ngram's stub while 3 streams run on it and baseline is asked every 0.2 s."""
+    """Kill -9 spec_ngram's stub while 24 streams are in flight on it (4 running, 20 waiting for a
+    KV slot: 6 x LONG steps a slot, a second or more) and baseline is asked every 0.2 s. Three
+    streams were too few: they ran their LONG tokens out in 0.3 s here, and in a CI run (at 8b513cb)
+    every try found them all ended by the time of the kill, so none was killed."""
     serve = Serve(tmp_path_factory.mktemp("stub"), repo, "--drain-timeout", "2").wait_ready()
     baseline: list[tuple[float, int]] = []
     done = threading.Event()
@@ -235,7 +238,7 @@ def stub_killed(repo, tmp_path_factory):
     for _ in range(3):
         assert wait_for(lambda: generate(serve.http, "spec_ngram")[0] == 200, 120), f"spec_ngram does not serve:\n{serve.text}"
         server = serve.server_pid()
-        opened = open_streams(serve.grpc, "spec_ngram", 3)
+        opened = open_streams(serve.grpc, "spec_ngram", 24)
         stubs = stub_pids(server)
         # the kill is about the streams still running: one that already ended (once, the test of
         # the dead stub's streams passed strictly-xfailed: they had all ended within seconds) is not
