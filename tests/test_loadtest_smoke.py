@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from specdec.paths import REPO_ROOT
 from specdec.tools.loadtest import noise, stats
 from specdec.tools.loadtest.intervals import paired_ratio
 from specdec.tools.loadtest.matrix import (MatrixConfig, _locust_env, main as loadtest_main, measured, run_level,
@@ -161,6 +162,38 @@ def test_aa_run_reports_no_difference(served, tmp_path):
     assert [(lv["concurrency"], lv["result"]) for lv in aa["levels"]] == [(1, "no difference"), (2, "no difference")]
     assert "A/A check passed" in (out / "report.md").read_text()
     assert not (served.model_repository / "baseline_aa").exists()
+
+
+def test_a_revision_is_served_beside_this_checkout_and_reported_against_it(served, tmp_path):
+    """`--rev HEAD`: every model also served by HEAD's specdec (exported, on a backend of its own)
+    as <model>_<sha7>, in the same rounds; the report pairs each model with its twin, whose stubs ran
+    the exported package; the twins' folders are removed from the user's repository afterwards."""
+    sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    out, s = tmp_path / "rev", sha[:7]
+    rc = loadtest_main(["--model-repository", str(served.model_repository), "--rev", "HEAD", "--models",
+                        "baseline,spec_draft", "--concurrency", "1", "--rounds", "2", "--duration", "1",
+                        "--warmup", "0.3", "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["setup"]["revision"] == sha
+    assert report["setup"]["models"] == ["baseline", "spec_draft", f"baseline_{s}", f"spec_draft_{s}"]
+    rows = {r["model"]: r for r in report["revision"]}
+    assert set(rows) == {"baseline", "spec_draft"} and rows["spec_draft"]["twin"] == f"spec_draft_{s}"
+    assert all(r["ratios"]["output_tokens_per_s"]["value"] > 0 for r in rows.values())
+    twins = [c for c in report["cells"] if c["model"].endswith(s)]
+    assert len(twins) == 2 and all(c["figures"]["tokens_match_server"] for c in twins)
+    assert f"## This checkout against {s}" in (out / "report.md").read_text()
+    entry = (out / "backends" / f"specdec_{s}" / "model.py").read_text()
+    assert str(out / f"revision-{s}" / "backends") in entry
+    assert (out / f"revision-{s}" / "backends" / "specdec" / "serving" / "model.py").exists()
+    assert not any(p.name.endswith(s) for p in served.model_repository.iterdir())
+
+
+def test_a_revision_that_is_no_commit_is_refused_by_name(served, tmp_path, capsys):
+    rc = loadtest_main(["--model-repository", str(served.model_repository), "--rev", "no-such-rev", "--out",
+                        str(tmp_path / "x")])
+    assert rc == 1 and "--rev 'no-such-rev': not a commit" in capsys.readouterr().err
 
 
 def test_http_sse_user_counts_the_same_tokens(served, tmp_path):

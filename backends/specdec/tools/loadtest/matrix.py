@@ -13,6 +13,8 @@ prompts (one file per workload), max tokens, sampling, seeds, trial length.
 
 `--aa` adds a copy of the baseline under a second name (`<baseline>_aa`, the same config) to the
 served repository: an A/A pair that must show no difference, or the run is flagged untrustworthy.
+`--rev REV` serves every model a second time from another git revision of specdec, in the same
+rounds, and reports each against its twin (`revision`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from specdec.paths import GUARDRAILS, PACKAGE_ROOT, REPORTS
 from specdec.serving.interface import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL
-from specdec.tools.loadtest import stats
+from specdec.tools.loadtest import revision, stats
 from specdec.tools.loadtest.intervals import mean_interval, paired_ratio
 from specdec.tools.loadtest.noise import server_pid
 from specdec.tools.loadtest.workload import (OUTPUT_BANDS, OUTPUT_SPREAD, PROMPT_BANDS, SAMPLING, Workload, prompts_for,
@@ -60,6 +62,7 @@ class MatrixConfig:
     metrics_url: str = DEFAULT_METRICS_URL
     baseline: str = "baseline"
     aa_model: str | None = None  # the baseline's A/A copy, when served
+    revision: str | None = None  # the commit whose twins of the models are served (`revision`), when any
     prompts: int = 32
     seed: int = 0
     stop_timeout_s: float = 120.0
@@ -132,8 +135,10 @@ def write_repository_for(kit: str | Path, repo: str | Path, models: list[str] | 
                             models=models, absolute=True)
 
 
-def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_s: float = 600.0):
-    """Serve `repo` on free ports (with the A/A copy of the model `aa_of` added, when given);
+def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_s: float = 600.0,
+                 backend_dir: Path | None = None):
+    """Serve `repo` on free ports (with the A/A copy of the model `aa_of` added, when given; from
+    `backend_dir`, when given: the default backends plus a revision's, `revision.add_backend`);
     returns the started TritonServer. `specdec loadtest` and `specdec demo` start servers here."""
     from specdec.serving.server import TritonServer
 
@@ -141,7 +146,8 @@ def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_
     if aa_of is not None:
         write_aa_model(repo, aa_of)
     out.mkdir(parents=True, exist_ok=True)
-    server = TritonServer(repo, exit_timeout_s=3, log_file=out / "tritonserver.log")
+    server = TritonServer(repo, exit_timeout_s=3, log_file=out / "tritonserver.log",
+                          backend_dir=backend_dir)
     server.start(timeout_s=timeout_s)
     return server
 
@@ -402,6 +408,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="also serve the baseline under a second name (<baseline>_aa, a folder next to it with "
                           "the same config): an A/A pair that must show no difference (with --kit or "
                           "--model-repository; a running server must already serve <baseline>_aa)")
+    src.add_argument("--rev", help="also serve every model from this git revision of specdec (a Triton backend of its "
+                                   "own) as <model>_<sha7>, in the same rounds, and report each model against it "
+                                   "(with --kit or --model-repository)")
     m = ap.add_argument_group("matrix")
     m.add_argument("--models", help="comma-separated (default: every model the server has ready)")
     m.add_argument("--baseline", default="baseline", help="the model every ratio is taken against")
@@ -439,10 +448,12 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
                             a.max_tokens, a.prompts_file, a.max_tokens_spread),
         rounds=a.rounds, duration_s=a.duration, warmup_s=a.warmup, warmup_rounds=a.warmup_rounds,
         protocol=a.protocol, grpc_url=a.grpc_url, http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline,
-        aa_model=aa_name(a.baseline) if a.aa else None, prompts=a.prompts, seed=a.seed, workers=a.workers, out=a.out)
+        aa_model=aa_name(a.baseline) if a.aa else None, revision=a.revision, prompts=a.prompts, seed=a.seed,
+        workers=a.workers, out=a.out)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec.serving.server import assemble_backends
     from specdec.tools.loadtest.guardrails import load_guardrails
     from specdec.tools.loadtest.report import write_report
 
@@ -458,22 +469,34 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: guardrails {a.guardrails}: {exc}", file=sys.stderr)
         return 2
-    server, aa_folder = None, None
+    server, added, twins = None, [], []
     try:
+        if a.rev and not (a.kit or a.model_repository):
+            raise ValueError("--rev needs --kit or --model-repository (the command serves the revision's twins itself)")
+        a.revision = revision.resolve(a.rev) if a.rev else None
         if a.kit or a.model_repository:
             out = Path(a.out)
             repo = out / "model_repository" if a.kit else Path(a.model_repository)
             models = a.models.split(",") if a.models else None
             print(f"starting tritonserver ({repo}) ...", flush=True)
             if a.aa and not a.kit:
-                aa_folder = repo / aa_name(a.baseline)  # added to the user's repository: removed afterwards
+                added.append(repo / aa_name(a.baseline))  # added to the user's repository: removed afterwards
             if a.kit:
                 write_repository_for(a.kit, repo, models)
-            server = start_server(repo, out, aa_of=a.baseline if a.aa else None)
+            backend_dir = None
+            if a.revision:
+                backend_dir = assemble_backends(out / "backends")
+                backend = revision.add_backend(backend_dir, a.revision,
+                                               revision.export(a.revision, out / f"revision-{revision.short(a.revision)}"))
+                compared = models or sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").exists())
+                twins = [f.name for f in revision.write_twins(repo, compared, a.revision, backend)]
+                added += [repo / t for t in twins] if not a.kit else []
+            server = start_server(repo, out, aa_of=a.baseline if a.aa else None, backend_dir=backend_dir)
             a.grpc_url, a.http_url, a.metrics_url = server.grpc_url, server.http_url, server.metrics_url
-        models = a.models.split(",") if a.models else served_models(a.http_url)
+        models = a.models.split(",") if a.models else [m for m in served_models(a.http_url) if m not in twins]
         if a.aa and aa_name(a.baseline) not in models:
             models.append(aa_name(a.baseline))
+        models += twins
         if a.aa and not server and aa_name(a.baseline) not in served_models(a.http_url):
             raise ValueError(f"--aa: the running server has no {aa_name(a.baseline)} (the A/A copy); give --kit or "
                              "--model-repository to have one added")
@@ -488,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-        if aa_folder is not None:
-            shutil.rmtree(aa_folder, ignore_errors=True)
+        for folder in added:
+            shutil.rmtree(folder, ignore_errors=True)
     paths = write_report(report, rules, a.out)
     print(paths["verdict_table"])
     print(f"wrote {paths['json']}, {paths['md']} and {len(paths['plots'])} plots")

@@ -1,5 +1,5 @@
 """The load matrix's report: report.json (every figure, every trial, each ratio's interval, the
-setup, the guardrails, the A/A check and the verdicts), report.md (the trust checks first, then
+setup, the guardrails, the A/A check, a revision's comparison and the verdicts), report.md (the trust checks first, then
 tables with intervals, plots, verdicts) and PNG plots with error bars (matplotlib, Agg backend)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from specdec.tools.loadtest.guardrails import AA_FIGURES, Guardrails, aa_check, 
 from specdec.tools.loadtest.intervals import CONFIDENCE
 from specdec.tools.loadtest.matrix import balanced_orders
 from specdec.tools.loadtest.noise import FOREIGN_LOAD_CORES
+from specdec.tools.loadtest.revision import FIGURES as REVISION_FIGURES, revision_ratios
 
 # (key, column title, scale, format): the tables' figures; times in ms
 TABLE = [
@@ -50,6 +51,8 @@ def build(report: dict, g: Guardrails) -> dict:
         report["canary_verdicts"] = verdicts(report["canary_cells"], g)
     if aa:
         report["aa_check"] = aa_check(report["cells"], aa)
+    if report["setup"].get("revision"):
+        report["revision"] = revision_ratios(report["cells"], report["setup"]["revision"])
     trials = [t for c in report["cells"] for t in c["trials"]]
     report["noise"] = {"trials": len(trials), "threshold_cores": FOREIGN_LOAD_CORES,
                        "foreign_load_trials": sum(1 for t in trials if t["cpu"]["foreign_load"]),
@@ -296,6 +299,17 @@ def markdown(report: dict) -> str:
                   "| workload | conc | result |", "|---|---:|---|"]
         lines += [f"| {lv['workload']} | {lv['concurrency']} | {lv['result']}"
                   f"{': ' + ', '.join(lv['differences']) if lv['differences'] else ''} |" for lv in aa["levels"]]
+        lines.append("")
+    if report.get("revision"):
+        sha = report["setup"]["revision"]
+        lines += [f"## This checkout against {sha[:7]}", "",
+                  f"Every model is served twice in the same rounds: by this checkout and, as `<model>_{sha[:7]}`, by "
+                  f"commit {sha} (its own Triton backend). Each figure of a model over its twin's, paired by round "
+                  f"({conf} interval): above 1 for tokens/s, below 1 for TPOT and TTFT, this checkout is faster.", "",
+                  "| workload | conc | model | " + " | ".join(REVISION_FIGURES) + " |",
+                  "|---|---:|---|" + "---|" * len(REVISION_FIGURES)]
+        lines += [f"| {r['workload']} | {r['concurrency']} | {r['model']} | "
+                  + " | ".join(fmt_ratio(r["ratios"].get(k)) for k in REVISION_FIGURES) + " |" for r in report["revision"]]
         lines.append("")
     if report.get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in report["plots"]] + [""]
