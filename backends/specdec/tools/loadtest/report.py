@@ -1,6 +1,7 @@
 """The load matrix's report: report.json (every figure, every trial, each ratio's interval, the
-setup, the guardrails, the A/A check, a revision's comparison and the verdicts), report.md (the trust checks first, then
-tables with intervals, plots, verdicts) and PNG plots with error bars (matplotlib, Agg backend)."""
+setup, the guardrails, the A/A check, a revision's comparison and the verdicts), report.md (the
+trust checks first, then tables with intervals, plots, verdicts) and PNG plots with error bars
+(matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from specdec.tools.loadtest.guardrails import AA_FIGURES, Guardrails, aa_check, 
 from specdec.tools.loadtest.intervals import CONFIDENCE
 from specdec.tools.loadtest.matrix import balanced_orders
 from specdec.tools.loadtest.noise import FOREIGN_LOAD_CORES
-from specdec.tools.loadtest.revision import FIGURES as REVISION_FIGURES, revision_ratios
+from specdec.tools.loadtest.revision import FIGURES as REVISION_FIGURES, revision_ratios, short
 
 # (key, column title, scale, format): the tables' figures; times in ms
 TABLE = [
@@ -302,8 +303,8 @@ def markdown(report: dict) -> str:
         lines.append("")
     if report.get("revision"):
         sha = report["setup"]["revision"]
-        lines += [f"## This checkout against {sha[:7]}", "",
-                  f"Every model is served twice in the same rounds: by this checkout and, as `<model>_{sha[:7]}`, by "
+        lines += [f"## This checkout against {short(sha)}", "",
+                  f"Every model is served twice in the same rounds: by this checkout and, as `<model>_{short(sha)}`, by "
                   f"commit {sha} (its own Triton backend). Each figure of a model over its twin's, paired by round "
                   f"({conf} interval): above 1 for tokens/s, below 1 for TPOT and TTFT, this checkout is faster.", "",
                   "| workload | conc | model | " + " | ".join(REVISION_FIGURES) + " |",

@@ -68,7 +68,7 @@ def add_backend(backend_dir: Path, sha: str, package_root: Path) -> str:
     name = f"{BACKEND}_{short(sha)}"
     folder = backend_dir / name
     folder.mkdir(parents=True, exist_ok=True)
-    stub = next((backend_dir / BACKEND).glob("triton_python_backend_stub"))
+    stub = backend_dir / BACKEND / "triton_python_backend_stub"
     shutil.copy2(stub, folder / stub.name)  # the Python backend runs the stub found next to model.py
     (folder / "model.py").write_text(
         f"import sys\n\nsys.path.insert(0, {str(package_root)!r})  # before this checkout's (PYTHONPATH)\n"
