@@ -13,8 +13,9 @@ gets a twin `<model>_<sha7>` on that backend, a sibling folder in the repository
 each model with its twin round by round (`revision_ratios`). Two instances of one model differ by
 more than their rounds' spread says: `--rev HEAD` (the same code twice, 16 rounds) read the
 baseline 1.04x and 1.11x [1.04, 1.18] its twin at 1 and 4 users, the draft model 1.02x and 0.94x,
-so a difference within that is no difference; `--rev HEAD` first shows how far it goes on a
-machine.
+and at 4 users with a fresh server 1.00x [0.96, 1.05] and 1.04x [1.00, 1.07]: an instance's, not
+the code's. A difference within that is none; `--rev HEAD` shows how far it goes on a machine, and
+a run repeated on a fresh server whether a difference stays.
 """
 
 from __future__ import annotations
