@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 
 from specdec.core import cost_model, policy
-from specdec.core.cost_model import PLAIN_SETTLE, CostModel, ProposalFit
+from specdec.core.cost_model import PAIR_GAP, PLAIN_SETTLE, CostModel, ProposalFit
 from specdec.core.policy import (COLLAPSE_ALPHA, DRAFTING_RECHECK, LONGEST_PROBE_GAP, MAX_PROBE_GAP, PAUSED_RECHECK, PAUSED_RECHECK_MAX, PROBE_BUDGET,
                                  PROBE_EVERY, Policy, SlotState, StepRecord, expected_tokens)
 from specdec.core.rate_guard import GUARD_MIN_PLAIN
@@ -658,6 +658,37 @@ def test_the_curve_takes_its_shape_from_recent_steps_at_each_count_against_plain
     assert stale.seconds[stale.token_counts.index(8)] == 1.1  # the plain steps are too old to compare with
 
 
+def test_each_step_pairs_once():
+    """A probe's 5-token step between settled plain steps is one pair, with the plain step before
+    it, not one more with each settled plain step within PAIR_GAP after it; a step with no settled
+    plain step before it pairs with the first after it."""
+    c = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2])
+    for n in [1] * (PLAIN_SETTLE + 1) + [5] + [1] * PAIR_GAP:
+        c.observe_verify(n, 2.0 if n == 5 else 1.0, plain=1)
+    assert len(c.pairs[5]) == 1
+    c = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2])
+    for n in [5] + [1] * PAIR_GAP:
+        c.observe_verify(n, 2.0 if n == 5 else 1.0, plain=1)
+    assert len(c.pairs[5]) == 1
+
+
+def test_a_point_set_by_steps_follows_the_probes_pairs_once_its_batch_pauses():
+    """A 5-token point set at 2x a plain step (15 drafting rounds in a busy spell), then the batch
+    pauses and only probes run 5 tokens, one in 100 steps, at 1.5x: never SHAPE_SAMPLES of them
+    within SHAPE_FRESH, yet the point follows their pairs to 1.5x (it stayed at 2x, and the
+    policy paused on it for good)."""
+    c = CostModel([1, 2, 4, 8], [1.0, 1.05, 1.1, 1.2])
+    for _ in range(cost_model.SHAPE_SAMPLES):
+        for n, seconds in [(1, 1.0)] * (PLAIN_SETTLE + 1) + [(5, 2.0)]:
+            c.observe_verify(n, seconds, plain=1)
+    assert c.verify_at_calibration(5) == pytest.approx(2.0)
+    for _ in range(cost_model.SHAPE_SAMPLES):
+        for n, seconds in [(1, 1.0)] * 100 + [(5, 1.5)]:
+            c.observe_verify(n, seconds, plain=1)
+    assert not c.fresh(5)
+    assert c.seconds[c.token_counts.index(5)] == pytest.approx(1.5)
+
+
 def test_a_few_accepted_probes_lift_the_engine_wide_acceptance_from_its_prior():
     """The engine-wide acceptances are counts with the prior's weight (PRIOR_TRIALS), not an EMA
     that starts at the prior with the weight of ~13 rounds: three fully accepted 4-token rounds
@@ -945,16 +976,18 @@ def test_where_drafting_paid_a_noisy_model_does_not_pause_it(monkeypatch):
     threshold (one rejected first token moves a sequence's acceptance from 0.92 to 0.6-0.8, a
     newcomer's prompt is charged to its first steps), and every pause costs the resume's catch-up.
     Where the guard saw drafting pay, the policy drafts on while its model rates drafting at
-    least DRAFTING_FLOOR of plain: 97-99% of fixed k = 4's rate; pausing on the model's word, 93-95%.
+    least DRAFTING_FLOOR of plain: 97-99% of fixed k = 4's rate; pausing on the model's word, 93-96%
+    (96% since each step pairs once in the curve's shape, `CostModel.observe_shape`; 95% before).
     Where drafting loses, the guard never says it paid, and the policy stays near the plain rate."""
     fixed = [draft_model_rate(seed, adaptive=False) for seed in range(6)]
     ratio = lambda rates: statistics.median(r / f for r, f in zip(rates, fixed))  # noqa: E731
-    assert ratio([draft_model_rate(seed) for seed in range(6)]) >= 0.97
+    floored = ratio([draft_model_rate(seed) for seed in range(6)])
+    assert floored >= 0.97
     losing = [draft_model_rate(seed, first=0.7, later=0.8) for seed in range(3)]
     assert statistics.median(losing) >= 0.97 and max(draft_model_rate(seed, adaptive=False, first=0.7, later=0.8)
                                                       for seed in range(3)) < 0.8
     monkeypatch.setattr(policy, "DRAFTING_FLOOR", float("inf"))
-    assert ratio([draft_model_rate(seed) for seed in range(6)]) < 0.96
+    assert ratio([draft_model_rate(seed) for seed in range(6)]) < floored - 0.015
 
 
 def test_a_batch_drafting_every_step_takes_its_curve_from_its_anchors():

@@ -340,12 +340,17 @@ class CostModel:
     def observe_shape(self, n: int, seconds: float, plain: int, anchor: bool = False) -> bool:
         """Set the curve's point at n from real steps: the median of its recent pairs, each a step
         at n and a settled plain step (`plain` tokens: one per row) at most PAIR_GAP steps apart,
-        their ratio times the plain point. True while real steps own n's point (a contrast at n
-        would be overwritten by the next pair). A pair's two steps ran on the machine as it was
-        within a few steps, so its ratio needs no load: set against the load, which follows the
-        curve that the steps set, the shape fed back on itself, and a batch drafting every step
-        whose anchors stayed fresh (one in 2 * PROBE_EVERY) drove 5 tokens to the curve's bounds
-        (1.0-3.6x a plain step where they cost 2x, a simulation of steady costs). Contrasts alone
+        their ratio times the plain point; each step at n pairs once (with the settled plain step
+        before it, else with the first after it), and each settled plain step once per count. A
+        step that paired with every settled plain step after it gave up to 7 pairs, so 15 pairs
+        were 2-3 steps' (a paused batch's probes): served at one user, EAGLE's 5-token point swung
+        between 1.6x and 4.6x a plain step within 3000 steps where its steps' medians ran 2.1-2.6x.
+        True while real steps own n's point (a contrast at n would be overwritten by the next
+        pair). A pair's two steps ran on the machine as it was within a few steps, so its ratio
+        needs no load: set against the load, which follows the curve that the steps set, the
+        shape fed back on itself, and a batch drafting every step whose anchors stayed fresh (one
+        in 2 * PROBE_EVERY) drove 5 tokens to the curve's bounds (1.0-3.6x a plain step where
+        they cost 2x, a simulation of steady costs). Contrasts alone
         (above) move the shape 10% at a time against a load that tracks whichever count runs, and
         with switches as rare as probes it did not converge: EAGLE's curve said a 5-token step
         cost 1.49x a plain one where its steps showed 2.09x. The curve's lookups are made again
@@ -356,7 +361,7 @@ class CostModel:
         if self.steps > self.fresh_until:
             self.curve.clear()
         near = self.steps - PAIR_GAP
-        if n == plain:  # pairs with the latest step at each other count of this batch's
+        if n == plain:  # pairs with the latest step at each other count of this batch's not paired yet
             if not anchor:
                 at_plain = self.plain_steps.get(plain)
                 if at_plain is None:
@@ -366,29 +371,41 @@ class CostModel:
             for m, (step, s, p) in list(self.last_at.items()):
                 if p == plain and step >= near:
                     self.pair(m, s / seconds, plain)
+                    del self.last_at[m]
             return False
-        self.last_at[n] = (self.steps, seconds, plain)
         step, s = self.last_plain.get(plain, (-PAIR_GAP - 1, 0.0))
         if step >= near and n not in self.paired:
             self.pair(n, seconds / s, plain)
-        return n in self.measured and self.fresh(n)
+            self.last_at.pop(n, None)
+        else:
+            self.last_at[n] = (self.steps, seconds, plain)
+        return n in self.measured
 
     def pair(self, n: int, ratio: float, plain: int) -> None:
         """One more pair for n (its step's seconds over the settled plain step's); sets n's point
-        once SHAPE_SAMPLES fresh ones are in."""
+        once SHAPE_SAMPLES fresh ones are in, and from then on moves it with every pair, fresh or
+        not: the point is the median of n's latest SHAPE_SAMPLES pairs (how fresh they are is its
+        weight, `fresh_weights`). Moved only while fresh, a point set in a busy spell stayed there
+        once the policy paused: served at one user, EAGLE's 5-token point was set at 3.4-3.6x a
+        plain step, its batch paused, and the probes' pairs (one in 16-128 steps, never 15 within
+        SHAPE_FRESH) could not move it over 21000 steps, where its steps ran 2.1-2.6x a plain
+        one (medians of a served run's steps and pairs) and fixed k = 4 served 1.09x the baseline.
+        With both rules, served beside the old code on three fresh servers (`specdec loadtest --rev`):
+        the draft model 1.02x-1.06x at one user and 0.99x-1.04x at 4, EAGLE 0.94x-1.08x, where the
+        baseline's own twin read 0.92x-1.02x."""
         self.paired.add(n)
         at_n = self.pairs.get(n)
         if at_n is None:
             at_n = self.pairs[n] = RecentSteps()
         was_fresh = self.fresh(n)
         at_n.add(self.steps, self.verify_at_calibration(plain) * ratio)
-        if not self.fresh(n):
+        if not (self.fresh(n) or n in self.measured and len(at_n) == SHAPE_SAMPLES):
             return
         point = self.bounded(n, at_n.median())
         i = bisect_left(self.token_counts, n)
         if i < len(self.token_counts) and self.token_counts[i] == n:
             if abs(point / self.seconds[i] - 1.0) <= SHAPE_TOLERANCE and n in self.measured:
-                if not was_fresh:  # its weight in the curve as read is back (`fresh_weights`)
+                if not was_fresh and self.fresh(n):  # its weight in the curve as read is back (`fresh_weights`)
                     self.curve.clear()
                 return
             self.seconds[i] = point

@@ -3,10 +3,10 @@ revision of specdec, in the same rounds of one server.
 
 A change to the served engine (the adaptive policy, the server's threads) is judged served: the
 in-process A/B (`tools.forward_ab --rev`) times the engine alone, and a change to the policy's
-verify curve that read 0.98x-1.04x there read 0.94x-1.00x served (reports/engine-log.md, "The
-verify curve's 5-token point served"). Load tests run one after the other differ by more than that
-(the draft model at 4 users read 0.93x and 1.14x the baseline in two runs of the same code), so
-the two revisions run side by side: the revision's `backends/specdec` (`git archive`) becomes a
+verify curve that read 0.98x-1.04x there ran the draft model 1.02x-1.06x as fast served at one
+user (reports/engine-log.md, "The verify curve's 5-token point served"). Load tests run one after
+the other differ by more than that (the draft model at 4 users read 0.93x and 1.14x the baseline
+in two runs of the same code), so the two revisions run side by side: the revision's `backends/specdec` (`git archive`) becomes a
 Triton backend of its own, `specdec_<sha7>`, whose model.py puts it first on the stub's sys.path
 (every model runs in a stub process of its own, so the two packages never meet), and each model
 gets a twin `<model>_<sha7>` on that backend, a sibling folder in the repository. The report pairs
