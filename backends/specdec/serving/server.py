@@ -138,6 +138,11 @@ def die_with_parent(parent: int) -> Callable[[], None]:
     return preexec
 
 
+def repository_models(repo: Path) -> list[str]:
+    """The models of a repository: its folders with a config.pbtxt, sorted."""
+    return sorted(p.name for p in Path(repo).iterdir() if (p / "config.pbtxt").exists())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,7 +162,7 @@ class TritonServer:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
             raise ServerError(f"model repository {self.model_repository} does not exist")
-        self.models = models or sorted(p.name for p in self.model_repository.iterdir() if (p / "config.pbtxt").exists())
+        self.models = models or repository_models(self.model_repository)
         if not self.models:
             raise ServerError(f"no models (folders with config.pbtxt) in {self.model_repository}")
         self.http_port, self.grpc_port, self.metrics_port = (p or free_port() for p in (http_port, grpc_port, metrics_port))

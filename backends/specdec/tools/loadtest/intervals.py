@@ -115,6 +115,20 @@ def paired_ratio(values: list[float | None], base: list[float | None],
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, sd, confidence)
 
 
+def round_ratios(trials: list[dict], base: list[dict], keys) -> dict[str, dict | None]:
+    """Per figure key, `paired_ratio` of one model's trials ({"round", "figures"}, as the load
+    matrix records them) to another's, paired by round: a model against the baseline
+    (`matrix.add_intervals`) or against its twin on another revision (`revision.revision_ratios`)."""
+    mine = {t["round"]: t["figures"] for t in trials}
+    theirs = {t["round"]: t["figures"] for t in base}
+    rounds = sorted(set(mine) | set(theirs))
+    ratios = {}
+    for k in keys:
+        iv = paired_ratio([mine.get(r, {}).get(k) for r in rounds], [theirs.get(r, {}).get(k) for r in rounds])
+        ratios[k] = iv.to_dict() if iv else None
+    return ratios
+
+
 def mean_interval(values: list[float | None], confidence: float = CONFIDENCE) -> Interval | None:
     """The same t interval for a figure itself (error rate, acceptance rate), not a ratio."""
     xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]

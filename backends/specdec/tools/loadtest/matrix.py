@@ -35,7 +35,7 @@ from pathlib import Path
 from specdec.paths import GUARDRAILS, PACKAGE_ROOT, REPORTS
 from specdec.serving.interface import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL
 from specdec.tools.loadtest import revision, stats
-from specdec.tools.loadtest.intervals import mean_interval, paired_ratio
+from specdec.tools.loadtest.intervals import mean_interval, round_ratios
 from specdec.tools.loadtest.noise import server_pid
 from specdec.tools.loadtest.workload import (OUTPUT_BANDS, OUTPUT_SPREAD, PROMPT_BANDS, SAMPLING, Workload, prompts_for,
                                              workloads, write_prompts)
@@ -384,13 +384,11 @@ def add_intervals(cells: list[dict], baseline: str) -> None:
         b = base.get((c["workload"], c["concurrency"]))
         rounds = sorted({t["round"] for t in c["trials"]} | ({t["round"] for t in b["trials"]} if b else set()))
         mine = {t["round"]: t["figures"] for t in c["trials"]}
-        theirs = {t["round"]: t["figures"] for t in b["trials"]} if b else {}
-        c["ratios"], c["means"] = {}, {}
+        c["ratios"] = (round_ratios(c["trials"], b["trials"], stats.TRIAL_FIGURES) if b
+                       else dict.fromkeys(stats.TRIAL_FIGURES))
+        c["means"] = {}
         for k in stats.TRIAL_FIGURES:
-            values = [mine.get(r, {}).get(k) for r in rounds]
-            iv = paired_ratio(values, [theirs.get(r, {}).get(k) for r in rounds]) if b else None
-            c["ratios"][k] = iv.to_dict() if iv else None
-            m = mean_interval(values)
+            m = mean_interval([mine.get(r, {}).get(k) for r in rounds])
             c["means"][k] = m.to_dict() if m else None
 
 
@@ -453,7 +451,7 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specdec.serving.server import assemble_backends
+    from specdec.serving.server import assemble_backends, repository_models
     from specdec.tools.loadtest.guardrails import load_guardrails
     from specdec.tools.loadtest.report import write_report
 
@@ -488,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 backend_dir = assemble_backends(out / "backends")
                 backend = revision.add_backend(backend_dir, a.revision,
                                                revision.export(a.revision, out / f"revision-{revision.short(a.revision)}"))
-                compared = models or sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").exists())
+                compared = models or repository_models(repo)
                 twins = [f.name for f in revision.write_twins(repo, compared, a.revision, backend)]
                 added += [repo / t for t in twins] if not a.kit else []
             server = start_server(repo, out, aa_of=a.baseline if a.aa else None, backend_dir=backend_dir)

@@ -6,16 +6,17 @@ in-process A/B (`tools.forward_ab --rev`) times the engine alone, and a change t
 verify curve that read 0.98x-1.04x there ran the draft model 1.02x-1.06x as fast served at one
 user (reports/engine-log.md, "The verify curve's 5-token point served"). Load tests run one after
 the other differ by more than that (the draft model at 4 users read 0.93x and 1.14x the baseline
-in two runs of the same code), so the two revisions run side by side: the revision's `backends/specdec` (`git archive`) becomes a
-Triton backend of its own, `specdec_<sha7>`, whose model.py puts it first on the stub's sys.path
-(every model runs in a stub process of its own, so the two packages never meet), and each model
-gets a twin `<model>_<sha7>` on that backend, a sibling folder in the repository. The report pairs
-each model with its twin round by round (`revision_ratios`). Two instances of one model differ by
-more than their rounds' spread says: `--rev HEAD` (the same code twice, 16 rounds) read the
-baseline 1.04x and 1.11x [1.04, 1.18] its twin at 1 and 4 users, the draft model 1.02x and 0.94x,
-and at 4 users with a fresh server 1.00x [0.96, 1.05] and 1.04x [1.00, 1.07]: an instance's, not
-the code's. A difference within that is none; `--rev HEAD` shows how far it goes on a machine, and
-a run repeated on a fresh server whether a difference stays.
+in two runs of the same code), so the two revisions run side by side: the revision's
+`backends/specdec` (`git archive`) becomes a Triton backend of its own, `specdec_<sha7>`, whose
+model.py puts it first on the stub's sys.path (every model runs in a stub process of its own, so
+the two packages never meet), and each model gets a twin `<model>_<sha7>` on that backend, a
+sibling folder in the repository. The report pairs each model with its twin round by round
+(`revision_ratios`). Two instances of one model differ by more than their rounds' spread says:
+`--rev HEAD` (the same code twice, 16 rounds) read the baseline 1.04x and 1.11x [1.04, 1.18] its
+twin at 1 and 4 users, the draft model 1.02x and 0.94x, and at 4 users with a fresh server 1.00x
+[0.96, 1.05] and 1.04x [1.00, 1.07]: an instance's, not the code's. A difference within that is
+none; `--rev HEAD` shows how far it goes on a machine, and a run repeated on a fresh server
+whether a difference stays.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tarfile
 from pathlib import Path
 
 from specdec.paths import REPO_ROOT
-from specdec.tools.loadtest.intervals import paired_ratio
+from specdec.tools.loadtest.intervals import round_ratios
 
 BACKEND = "specdec"  # the backend every model of a repository names (`serving.repository`)
 FIGURES = ("output_tokens_per_s", "tpot_p50", "ttft_p50")  # what the report pairs with the twin's
@@ -98,20 +99,13 @@ def write_twins(repo: Path, models: list[str], sha: str, backend: str) -> list[P
 
 def revision_ratios(cells: list[dict], sha: str) -> list[dict]:
     """Per workload, load level and model with a twin: each of FIGURES of the model over its twin's,
-    paired by round (`intervals.paired_ratio`): this checkout against the revision."""
+    paired by round (`intervals.round_ratios`): this checkout against the revision."""
     by = {(c["workload"], c["concurrency"], c["model"]): c for c in cells}
     rows = []
     for (workload, concurrency, model), c in by.items():
         twin = by.get((workload, concurrency, twin_name(model, sha)))
         if twin is None:
             continue
-        mine = {t["round"]: t["figures"] for t in c["trials"]}
-        theirs = {t["round"]: t["figures"] for t in twin["trials"]}
-        rounds = sorted(set(mine) & set(theirs))
-        ratios = {}
-        for k in FIGURES:
-            iv = paired_ratio([mine[r].get(k) for r in rounds], [theirs[r].get(k) for r in rounds])
-            ratios[k] = iv.to_dict() if iv else None
         rows.append({"workload": workload, "concurrency": concurrency, "model": model, "twin": twin["model"],
-                     "ratios": ratios})
+                     "ratios": round_ratios(c["trials"], twin["trials"], FIGURES)})
     return rows
