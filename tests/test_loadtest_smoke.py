@@ -25,8 +25,8 @@ import requests
 from specdec.paths import REPO_ROOT
 from specdec.tools.loadtest import noise, stats
 from specdec.tools.loadtest.intervals import paired_ratio
-from specdec.tools.loadtest.matrix import (MatrixConfig, _locust_env, main as loadtest_main, measured, run_level,
-                                           scrape)
+from specdec.tools.loadtest.matrix import (MatrixConfig, _locust_env, level_cells, main as loadtest_main, measured,
+                                           run_level, scrape)
 from specdec.tools.loadtest.workload import OUTPUT_SPREAD, Workload, write_prompts
 from specdec.serving.repository import write_repository
 from specdec.serving.server import TritonServer
@@ -73,7 +73,7 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
 
     by = {(c["model"], c["concurrency"]): c for c in report["cells"]}
     for level in (1, 2):
-        trials = stats.load_samples(out / by[("baseline", level)]["trials_file"])
+        trials = stats.load_samples(out / by[("baseline", level)]["trials_file"][0])
         # a warm-up round, then two rounds, in the balanced orders; one trial ends (requests drained)
         # before the next starts; the cells count the measured rounds only
         assert [(t["model"], t["round"]) for t in trials] == [("spec_draft", -1), ("baseline", -1),
@@ -82,13 +82,13 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
         assert [t["round"] for t in by[("baseline", level)]["trials"]] == [0, 1]
         for a, b in zip(trials, trials[1:]):
             assert a["start"] < a["w0"] < a["w1"] <= a["end"] <= b["start"]
-        samples = stats.load_samples(out / by[("baseline", level)]["samples"])
+        samples = stats.load_samples(out / by[("baseline", level)]["samples"][0])
         for s in samples:  # each request started and ended inside its own trial
             t = trials[s["trial"]]
             assert s["model"] == t["model"] and t["start"] <= s["start"] and s["start"] + s["e2e"] <= t["end"] + 0.05
     for c in report["cells"]:
         f = c["figures"]
-        samples = [s for s in stats.load_samples(out / c["samples"]) if s["model"] == c["model"]]
+        samples = [s for s in stats.load_samples(out / c["samples"][0]) if s["model"] == c["model"]]
         assert samples and f["locust_exit_code"] == 0
         for s in samples:  # what each user counted, response by response
             assert s["error"] is None
@@ -104,12 +104,12 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
         assert f["client_output_tokens_all"] == streamed == f["server_output_tokens"]
         assert f["tokens_match_server"] is True and f["abandoned_requests"] == 0
         assert f["cell_requests_all"] == len(samples) == f["server_requests"]
-        locust = json.loads((out / (c["samples"] + ".locust.json")).read_text())[c["model"]]
+        locust = json.loads((out / (c["samples"][0] + ".locust.json")).read_text())[c["model"]]
         assert locust == {"requests": len(samples), "failures": 0, "content_length": streamed}
         # per trial: the figures recompute from that trial's samples and window; CPU figures are there
         assert len(c["trials"]) == 2
         for t in c["trials"]:
-            raw = next(x for x in stats.load_samples(out / c["trials_file"]) if x["trial"] == t["trial"])
+            raw = next(x for x in stats.load_samples(out / c["trials_file"][0]) if x["trial"] == t["trial"])
             again = stats.figures([s for s in samples if s["trial"] == t["trial"]], [(raw["w0"], raw["w1"])])
             for key, value in again.items():
                 assert t["figures"][key] == value, key
@@ -117,7 +117,7 @@ def test_smoke_matrix_report_is_consistent(served, tmp_path):
             assert t["cpu"]["busy_cores"] >= t["cpu"]["ours_cores"] * 0.5 and t["cpu"]["model_cpu_s"] > 0
             assert t["figures"]["cpu_ms_per_token"] > 0 and t["figures"]["rss_mb"] > 50
         # the pooled figures recompute from every trial's window
-        windows = [(x["w0"], x["w1"]) for x in measured(stats.load_samples(out / c["trials_file"]))
+        windows = [(x["w0"], x["w1"]) for x in measured(stats.load_samples(out / c["trials_file"][0]))
                    if x["model"] == c["model"]]
         assert f["output_tokens_in_window"] == stats.figures(samples, windows)["output_tokens_in_window"]
         # intervals: the paired per-round ratios to the baseline at the same load
@@ -190,6 +190,37 @@ def test_a_revision_is_served_beside_this_checkout_and_reported_against_it(serve
     assert not any(p.name.endswith(s) for p in served.model_repository.iterdir())
 
 
+def test_rounds_split_over_fresh_servers_pool_by_life(served, tmp_path):
+    """`--servers 2`: the rounds run in two server lives (a fresh tritonserver each, its own
+    warm-up), the trials say which, the server counters of both lives add up to what the users
+    streamed, and the intervals are over the lives (n = 2), whose own ratios the report lists."""
+    out = tmp_path / "report"
+    rc = loadtest_main(["--model-repository", str(served.model_repository), "--servers", "2", "--models",
+                        "baseline,spec_draft", "--concurrency", "1", "--rounds", "4", "--duration", "0.75",
+                        "--warmup", "0.3", "--max-tokens", str(MAX_TOKENS), "--prompts", "8", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["setup"]["servers"] == 2
+    pids = set()
+    for c in report["cells"]:
+        assert [(t["round"], t["life"]) for t in c["trials"]] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+        files = [stats.load_samples(out / f) for f in c["trials_file"]]
+        assert [sorted({t["round"] for t in f}) for f in files] == [[-1, 0, 1], [-1, 2, 3]]  # a warm-up in each life
+        pids |= {json.loads((out / f).with_name("plan.json").read_text())["server_pid"] for f in c["trials_file"]}
+        streamed = sum(s["tokens"] for f in c["samples"] for s in stats.load_samples(out / f) if s["model"] == c["model"])
+        assert c["figures"]["server_output_tokens"] == c["figures"]["client_output_tokens_all"] == streamed
+    assert len(pids) == 2 and (out / "life1" / "tritonserver.log").exists()  # two servers, one after the other
+    draft = next(c for c in report["cells"] if c["model"] == "spec_draft")
+    assert draft["ratios"]["output_tokens_per_s"]["unit"] == "life" and draft["ratios"]["output_tokens_per_s"]["n"] == 2
+    md = (out / "report.md").read_text()
+    assert "split over 2 server lives" in md and "by server life" in md and "| 2 (life 1) |" in md
+
+
+def test_servers_need_a_server_the_command_starts(served, capsys):
+    rc = loadtest_main(["--grpc-url", served.grpc_url, "--http-url", served.http_url, "--servers", "2"])
+    assert rc == 1 and "--servers 2 needs --kit or --model-repository" in capsys.readouterr().err
+
+
 def test_a_revision_that_is_no_commit_is_refused_by_name(served, tmp_path, capsys):
     rc = loadtest_main(["--model-repository", str(served.model_repository), "--rev", "no-such-rev", "--out",
                         str(tmp_path / "x")])
@@ -200,7 +231,9 @@ def test_http_sse_user_counts_the_same_tokens(served, tmp_path):
     cfg = MatrixConfig(models=["spec_draft"], protocol="http", grpc_url=served.grpc_url, http_url=served.http_url,
                        metrics_url=served.metrics_url, rounds=1, duration_s=1.5, warmup_s=0.5)
     prompts = write_prompts(tmp_path / "p.jsonl", ["def add(a, b):\n", "import os\n", "class Point:\n"])
-    [cell] = run_level(cfg, ["spec_draft"], 2, Workload(max_tokens=12, sampling="t0.7"), prompts, tmp_path / "level")
+    run = run_level(cfg, ["spec_draft"], 2, Workload(max_tokens=12, sampling="t0.7"), prompts, tmp_path / "level",
+                    range(1))
+    [cell] = level_cells(cfg, ["spec_draft"], [run])
     f = cell["figures"]
     samples = stats.load_samples(tmp_path / "level" / "samples.jsonl")
     assert samples and all(s["protocol"] == "http" and s["error"] is None for s in samples)
@@ -230,7 +263,7 @@ def test_canary_router_splits_live_traffic_in_distributed_mode(served, tmp_path)
     report = json.loads((out / "report.json").read_text())
     [cell] = report["cells"]
     assert cell["figures"]["locust_worker_exit_codes"] == [0]  # it quit with the master, not killed
-    samples = stats.load_samples(out / cell["samples"])  # written by the master, sent by the worker
+    samples = stats.load_samples(out / cell["samples"][0])  # written by the master, sent by the worker
     assert samples and all(s["error"] is None and s["tokens"] <= s["max_tokens"] <= 10 * (1 + OUTPUT_SPREAD) + 0.5
                        for s in samples)
     served_by = [s["served_model"] for s in samples]
@@ -287,7 +320,8 @@ def test_a_stalled_worker_loses_no_request(served, tmp_path):
     before = scrape(served.metrics_url)
     thread = threading.Thread(target=stall, daemon=True)
     thread.start()
-    [cell] = run_level(cfg, ["baseline"], 2, Workload(max_tokens=MAX_TOKENS), prompts, level)
+    [cell] = level_cells(cfg, ["baseline"], [run_level(cfg, ["baseline"], 2, Workload(max_tokens=MAX_TOKENS), prompts,
+                                                       level, range(1))])
     thread.join(10)
     after = scrape(served.metrics_url)
     assert len(stalled) == 1  # the worker process

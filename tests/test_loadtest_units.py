@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,10 @@ from specdec.paths import GUARDRAILS
 from specdec.tools.loadtest import report, stats
 from specdec.tools.loadtest.guardrails import (Guardrails, Rule, aa_check, decide, load_guardrails, parse_guardrails,
                                                verdicts)
-from specdec.tools.loadtest.intervals import mean_interval, paired_ratio, rounds_to_clear, t_quantile
-from specdec.tools.loadtest.matrix import MatrixConfig, add_intervals, measured, trial_plan
+from specdec.tools.loadtest.intervals import (Interval, mean_interval, paired_ratio, round_ratios, rounds_to_clear,
+                                              t_quantile)
+from specdec.tools.loadtest.matrix import (LevelRun, MatrixConfig, add_intervals, life_rounds, measured, summed_counters,
+                                           trial_plan)
 from specdec.tools.loadtest.workload import Workload, workloads
 
 
@@ -185,7 +188,7 @@ def test_trial_plan_balances_positions_and_neighbours():
     """Over a whole design every model takes every position, and follows every other model, the
     same number of times (a rotation, "abc" "bca" "cab", put b after a in every round but one)."""
     for models, rounds in ((list("abc"), 6), (list("abcdef"), 12), (list("ab"), 4)):
-        plan = trial_plan(models, rounds)
+        plan = trial_plan(models, range(rounds))
         orders = [[t["model"] for t in plan[i : i + len(models)]] for i in range(0, len(plan), len(models))]
         assert [t["round"] for t in plan] == [r for r in range(rounds) for _ in models]
         assert all(sorted(o) == models for o in orders)
@@ -193,18 +196,71 @@ def test_trial_plan_balances_positions_and_neighbours():
         after = Counter(pair for o in orders for pair in zip(o, o[1:]))
         assert set(positions.values()) == {rounds // len(models)}, positions
         assert len(after) == len(models) * (len(models) - 1) and len(set(after.values())) == 1, after
-    assert [t["model"] for t in trial_plan(list("abc"), 3)] == list("abc" "bca" "cab")
+    assert [t["model"] for t in trial_plan(list("abc"), range(3))] == list("abc" "bca" "cab")
 
 
 def test_warm_up_rounds_open_the_plan_and_do_not_count():
     """Every model meets a load level once before any trial counts: the warm-up rounds come first,
     in the design's order like the rest, and `measured` drops them."""
-    plan = trial_plan(["a", "b", "c"], 2, warmup_rounds=1)
+    plan = trial_plan(["a", "b", "c"], range(2), warmup_rounds=1)
     assert [t["model"] for t in plan] == list("bac" "abc" "bca")
     assert [t["round"] for t in plan] == [-1] * 3 + [0] * 3 + [1] * 3
-    assert measured(plan) == trial_plan(["a", "b", "c"], 2)
+    assert measured(plan) == trial_plan(["a", "b", "c"], range(2))
     with pytest.raises(ValueError, match="warm-up rounds"):
         MatrixConfig(models=["baseline"], warmup_rounds=-1)
+
+
+def test_server_lives_share_the_rounds_and_keep_the_design():
+    """Each server life runs its own warm-up and a consecutive share of the rounds, each round in
+    the order the whole design gives it: the lives' measured trials are the one-life plan's."""
+    assert life_rounds(7, 3) == [range(0, 2), range(2, 4), range(4, 7)]
+    assert life_rounds(4, 1) == [range(4)]
+    models = ["a", "b", "c"]
+    lives = [trial_plan(models, r, warmup_rounds=1) for r in life_rounds(6, 2)]
+    assert all([t["round"] for t in life[:3]] == [-1] * 3 for life in lives)
+    assert measured(lives[0]) + measured(lives[1]) == trial_plan(models, range(6))
+    for bad in (0, 7):
+        with pytest.raises(ValueError, match=f"--servers {bad}"):
+            MatrixConfig(models=["baseline"], rounds=6, servers=bad)
+
+
+def test_intervals_over_server_lives():
+    """Rounds of one server life share its instances' luck: over several lives the interval is
+    Student's t over the lives' mean log ratios (n = lives), not over the rounds, so an instance
+    difference that every round of a life carries widens it instead of passing for a result."""
+    # two lives: every round of the first reads 1.10x, of the second 0.95x (tight within each)
+    ratios = [1.10, 1.11, 1.09, 1.10, 0.95, 0.96, 0.94, 0.95]
+    base = [100.0] * 8
+    values = [100 * r for r in ratios]
+    rounds_only = paired_ratio(values, base)
+    by_lives = paired_ratio(values, base, lives=[0] * 4 + [1] * 4)
+    assert rounds_only.unit == "round" and rounds_only.n == 8 and by_lives.unit == "life" and by_lives.n == 2
+    assert rounds_only.lo > 0.96 and rounds_only.hi < 1.08  # eight rounds look sure of a small gain
+    assert by_lives.lo < 0.8 and by_lives.hi > 1.3  # two lives that disagree say little
+    assert math.isclose(by_lives.value, math.sqrt(1.10 * 0.95), rel_tol=1e-3)
+    # one life is the rounds' interval as before; means group the same way
+    assert paired_ratio(values, base, lives=[3] * 8) == rounds_only
+    m = mean_interval([0.1, 0.1, 0.3, 0.3], lives=[0, 0, 1, 1])
+    assert m.unit == "life" and m.n == 2 and math.isclose(m.value, 0.2) and math.isclose(m.sd, math.sqrt(0.02))
+    # the rounds' lives come from the trials (one-life trials record none); needed lives are counted
+    trials = [{"round": r, "life": r // 4, "figures": {"x": v}} for r, v in enumerate(values)]
+    ratios_by_round = round_ratios(trials, [{"round": r, "figures": {"x": 100.0}} for r in range(8)], ["x"])
+    assert Interval(**ratios_by_round["x"]) == by_lives
+    assert rounds_to_clear(Interval(**ratios_by_round["x"]).at(0.9), 0.9) > 2
+
+
+def test_summed_counters_add_each_server_lifes_deltas():
+    """Each fresh server's counters start at zero: a cell's server figures over several lives are
+    the sum of every life's (after - before), the check of the users' tokens against the server's included."""
+    key, other = ("specdec:generation_tokens", (("model", "m"),)), ("x", ())
+    runs = [LevelRun([], [], {key: 5.0}, {key: 105.0, other: 1.0}, 0, [], [], 1.0, Path("a"), Path("b")),
+            LevelRun([], [], {key: 0.0}, {key: 40.0}, 0, [], [], 1.0, Path("a"), Path("b"))]
+    before, after = summed_counters(runs)
+    assert stats.metric_delta(before, after, "specdec:generation_tokens", model="m") == 140.0
+    assert stats.metric_delta(before, after, "x") == 1.0
+    assert summed_counters(runs[:1]) == (runs[0].before, runs[0].after)
+    runs[1].after = {}  # a life whose metrics endpoint stopped answering: no server figures at all
+    assert summed_counters(runs) == ({}, {})
 
 
 PROM = """# HELP x

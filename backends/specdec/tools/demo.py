@@ -128,6 +128,9 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=int, default=10, help="interleaved trials per model and load level")
     ap.add_argument("--duration", type=float, default=0.75, help="measured seconds per trial")
     ap.add_argument("--warmup", type=float, default=0.3, help="seconds per trial before measuring")
+    ap.add_argument("--servers", type=int, default=1,
+                    help="server lives to split the rounds over (a fresh tritonserver each; the intervals hold "
+                         "the instances' luck: docs/verdicts.md)")
     ap.add_argument("--no-aa", dest="aa", action="store_false", help="skip the A/A self-check (saves a sixth of the load stage)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (stream and load)")
     ap.add_argument("--models", help="comma-separated subset (default: every model the kit allows)")
@@ -199,14 +202,21 @@ def main(argv: list[str] | None = None) -> int:
                            workloads=[Workload(max_tokens=a.max_tokens)], rounds=a.rounds, duration_s=a.duration,
                            warmup_s=a.warmup, grpc_url=server.grpc_url, http_url=server.http_url,
                            metrics_url=server.metrics_url, baseline=rules.baseline,
-                           aa_model=aa_name(rules.baseline) if a.aa else None, out=str(out))
+                           aa_model=aa_name(rules.baseline) if a.aa else None, servers=a.servers, out=str(out))
         t0 = time.monotonic()
+
+        def restart(life: int):
+            nonlocal server
+            server.stop()
+            server = None
+            server = start_server(repo, out / f"life{life}", aa_of=rules.baseline if a.aa else None, timeout_s=900)
+            return server
 
         def show(done, total, text):
             if done < total:
                 eta = "" if not done else f"  (about {(time.monotonic() - t0) / done * (total - done):.0f} s left)"
                 p.note(f"level {done + 1}/{total}: {text}{eta}")
-        report = run_matrix(cfg, progress=show)
+        report = run_matrix(cfg, progress=show, restart=restart)
         if server.proc.poll() is not None:
             raise RuntimeError(f"tritonserver exited (code {server.proc.returncode}) during the load matrix")
         failed = [f"{c['model']} at concurrency {c['concurrency']}: {c['figures']['error']}"

@@ -200,7 +200,7 @@ def verdicts(cells: list[dict], g: Guardrails, skip: tuple[str, ...] = ()) -> li
         levels = []
         for c in group:
             check = level_check(g, c, c["concurrency"] == peak, confidence) if compared(c) else unjudged(g.baseline)
-            levels.append({"concurrency": c["concurrency"], "rounds_run": _rounds(c), **check})
+            levels.append({"concurrency": c["concurrency"], "rounds_run": _rounds(c), "lives_run": _lives(c), **check})
         out.append({"workload": workload, "model": model, "confidence": confidence, "levels": levels,
                     **decide(levels)})
     return out
@@ -224,6 +224,11 @@ def _rounds(cell: dict) -> int:
     return len({t["round"] for t in cell.get("trials", [])})
 
 
+def _lives(cell: dict) -> int:
+    """Server lives the cell's trials ran in (`loadtest --servers`); its intervals are over lives when > 1."""
+    return len({t.get("life", 0) for t in cell.get("trials", [])}) or 1
+
+
 def decide(levels: list[dict]) -> dict:
     """keep / keep below concurrency N / roll back / inconclusive, from levels sorted by concurrency."""
     first = next((i for i, lv in enumerate(levels) if lv["status"] != "pass"), None)
@@ -238,8 +243,10 @@ def decide(levels: list[dict]) -> dict:
     if level["status"] == "inconclusive" and not level.get("undecided"):  # nothing compared (`unjudged`)
         return {"verdict": "inconclusive", "keep_below": None, "reason": f"{passed}at concurrency {n}: {why}"}
     if level["status"] == "inconclusive":
-        more = (f"about {level['rounds']} rounds in all would likely decide it ({level['rounds_run']} ran)"
-                if level["rounds"] else "the ratio sits on a threshold: more rounds may never decide it")
+        unit, ran = (("server lives", level["lives_run"]) if level.get("lives_run", 1) > 1
+                     else ("rounds", level["rounds_run"]))
+        more = (f"about {level['rounds']} {unit} in all would likely decide it ({ran} ran)"
+                if level["rounds"] else f"the ratio sits on a threshold: more {unit} may never decide it")
         return {"verdict": "inconclusive", "keep_below": None,
                 "reason": f"{passed}at concurrency {n} the intervals do not clear the guardrails: {why}; {more}"}
     if first == 0:

@@ -13,6 +13,12 @@ state, so they are not independent draws; a bootstrap over requests is far too n
 machine's speed drifts. Why not a bootstrap over rounds: with 3-10 rounds its percentile interval
 under-covers badly, while the t interval keeps its stated error rate for normal log ratios with any
 n >= 2 (tests/test_loadtest_units.py checks that in a seeded simulation).
+
+Rounds of one server life are not independent draws either: two stubs of one config can differ by
+up to ~10% for as long as their server runs (docs/verdicts.md), and every round of that life
+carries the difference. A run over several server lives (`loadtest --servers N`) therefore takes
+the interval over the lives: each life's mean log ratio is one value, and the t interval is over
+those (n = lives), which holds both the rounds' noise and the instances' luck.
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ class Interval:
     value: float  # a ratio: the geometric mean of the paired per-round ratios; else the mean per round
     lo: float
     hi: float
-    n: int  # rounds (with both figures, for a ratio)
-    sd: float  # spread across rounds (of log ratios for a ratio; 0 for n < 2)
+    n: int  # rounds (with both figures, for a ratio), or server lives where `unit` says so
+    sd: float  # spread across rounds or lives (of log ratios for a ratio; 0 for n < 2)
     confidence: float
     kind: str = "ratio"  # "ratio" (figure / baseline figure) or "mean" (the figure itself)
+    unit: str = "round"  # what n counts: "round", or "life" (one value per server life: `by_life`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,24 +102,39 @@ def t_cdf(t: float, df: int) -> float:
     return 0.5 + s * h / 3
 
 
-def paired_ratio(values: list[float | None], base: list[float | None],
-                 confidence: float = CONFIDENCE) -> Interval | None:
+def paired_ratio(values: list[float | None], base: list[float | None], confidence: float = CONFIDENCE,
+                 lives: list[int] | None = None) -> Interval | None:
     """The interval for values / base, paired by position (round). Pairs with a missing or
     non-positive figure are left out; None when no pair is left. With one pair the interval is
-    unbounded (0, inf): one round says nothing about its own spread."""
-    pairs = [(v, b) for v, b in zip(values, base) if _positive(b) and isinstance(v, (int, float)) and v >= 0]
-    if pairs and all(v == 0 for v, _ in pairs):  # e.g. ITL p50 when most tokens arrive several at a time
-        return Interval(0.0, 0.0, 0.0, len(pairs), 0.0, confidence)
-    logs = [math.log(v / b) for v, b in pairs if v > 0]
+    unbounded (0, inf): one round says nothing about its own spread. `lives`, by position: the
+    server life of each round; over more than one, the interval is over the lives' mean log
+    ratios (`by_life`)."""
+    kept = [(v, b, life) for v, b, life in zip(values, base, lives or [0] * len(values))
+            if _positive(b) and isinstance(v, (int, float)) and v >= 0]
+    if kept and all(v == 0 for v, _, _ in kept):  # e.g. ITL p50 when most tokens arrive several at a time
+        return Interval(0.0, 0.0, 0.0, len(kept), 0.0, confidence)
+    logs, unit = by_life([(math.log(v / b), life) for v, b, life in kept if v > 0])
     if not logs:
         return None
     n = len(logs)
     mean = sum(logs) / n
     if n < 2:
-        return Interval(math.exp(mean), 0.0, math.inf, n, 0.0, confidence)
+        return Interval(math.exp(mean), 0.0, math.inf, n, 0.0, confidence, unit=unit)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, sd, confidence)
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, sd, confidence, unit=unit)
+
+
+def by_life(values: list[tuple[float, int]]) -> tuple[list[float], str]:
+    """The values the interval is taken over, and what each is: the rounds' own ("round") while
+    they all come from one server life, else each life's mean ("life"): rounds of one life share
+    its instances' luck, so they are not independent draws of the comparison."""
+    lives: dict[int, list[float]] = {}
+    for x, life in values:
+        lives.setdefault(life, []).append(x)
+    if len(lives) < 2:
+        return [x for x, _ in values], "round"
+    return [sum(xs) / len(xs) for _, xs in sorted(lives.items())], "life"
 
 
 def round_ratios(trials: list[dict], base: list[dict], keys) -> dict[str, dict | None]:
@@ -122,30 +144,52 @@ def round_ratios(trials: list[dict], base: list[dict], keys) -> dict[str, dict |
     mine = {t["round"]: t["figures"] for t in trials}
     theirs = {t["round"]: t["figures"] for t in base}
     rounds = sorted(set(mine) | set(theirs))
+    life = round_lives(trials + base)
     ratios = {}
     for k in keys:
-        iv = paired_ratio([mine.get(r, {}).get(k) for r in rounds], [theirs.get(r, {}).get(k) for r in rounds])
+        iv = paired_ratio([mine.get(r, {}).get(k) for r in rounds], [theirs.get(r, {}).get(k) for r in rounds],
+                          lives=[life.get(r, 0) for r in rounds])
         ratios[k] = iv.to_dict() if iv else None
     return ratios
 
 
-def mean_interval(values: list[float | None], confidence: float = CONFIDENCE) -> Interval | None:
-    """The same t interval for a figure itself (error rate, acceptance rate), not a ratio."""
-    xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+def life_ratios(trials: list[dict], base: list[dict], key: str, lives: int) -> list[float | None]:
+    """Per server life, the geometric mean of that life's paired ratios of `key` (None where it has none)."""
+    out = []
+    for life in range(lives):
+        iv = round_ratios([t for t in trials if t.get("life", 0) == life], [t for t in base if t.get("life", 0) == life],
+                          [key])[key]
+        out.append(iv["value"] if iv else None)
+    return out
+
+
+def round_lives(trials: list[dict]) -> dict[int, int]:
+    """Round -> the server life it ran in, for the rounds whose trials record one (a run over
+    several lives; absent: life 0)."""
+    return {t["round"]: t["life"] for t in trials if "life" in t}
+
+
+def mean_interval(values: list[float | None], confidence: float = CONFIDENCE,
+                  lives: list[int] | None = None) -> Interval | None:
+    """The same t interval for a figure itself (error rate, acceptance rate), not a ratio; over
+    server lives' means where `lives` (by position) names more than one (`by_life`)."""
+    xs, unit = by_life([(float(v), life) for v, life in zip(values, lives or [0] * len(values))
+                        if isinstance(v, (int, float)) and math.isfinite(v)])
     if not xs:
         return None
     n, mean = len(xs), sum(xs) / len(xs)
     if n < 2:
-        return Interval(mean, -math.inf, math.inf, n, 0.0, confidence, "mean")
+        return Interval(mean, -math.inf, math.inf, n, 0.0, confidence, "mean", unit)
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n, sd, confidence, "mean")
+    return Interval(mean, mean - half, mean + half, n, sd, confidence, "mean", unit)
 
 
 def rounds_to_clear(iv: Interval, threshold: float, limit: int = 1000) -> int | None:
-    """Rounds in all that would likely put the interval on one side of the threshold, if the mean and
-    spread of the log ratios stay as measured; None when that would take more than `limit` (the
-    ratio sits on the threshold) or cannot be said (fewer than 2 rounds)."""
+    """Rounds (server lives, for an interval over lives) in all that would likely put the interval
+    on one side of the threshold, if the mean and spread of the log ratios stay as measured; None
+    when that would take more than `limit` (the ratio sits on the threshold) or cannot be said
+    (fewer than 2)."""
     if iv.n < 2:
         return None
     if iv.kind == "ratio":

@@ -35,7 +35,7 @@ from pathlib import Path
 from specdec.paths import GUARDRAILS, PACKAGE_ROOT, REPORTS
 from specdec.serving.interface import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL
 from specdec.tools.loadtest import revision, stats
-from specdec.tools.loadtest.intervals import mean_interval, round_ratios
+from specdec.tools.loadtest.intervals import mean_interval, round_lives, round_ratios
 from specdec.tools.loadtest.noise import server_pid
 from specdec.tools.loadtest.workload import (OUTPUT_BANDS, OUTPUT_SPREAD, PROMPT_BANDS, SAMPLING, Workload, prompts_for,
                                              workloads, write_prompts)
@@ -68,6 +68,10 @@ class MatrixConfig:
     stop_timeout_s: float = 120.0
     drain_s: float = 30.0  # at most this long for a trial's requests in flight to end; the rest are abandoned
     workers: int = 0  # > 0: Locust distributed mode, one master and this many worker processes per level
+    # server lives the rounds are split over (a fresh tritonserver each, warm-up rounds again in
+    # each): two stubs of one config can differ by ~10% for a whole life, which rounds of one
+    # life cannot average out (docs/verdicts.md); over lives, the intervals are too (`intervals`)
+    servers: int = 1
     out: str = "reports/loadtest"
 
     def __post_init__(self) -> None:
@@ -75,6 +79,9 @@ class MatrixConfig:
             raise ValueError(f"rounds must be >= 1, warm-up rounds >= 0 and the trial length > 0 (rounds "
                              f"{self.rounds}, warm-up rounds {self.warmup_rounds}, duration {self.duration_s}, "
                              f"warmup {self.warmup_s})")
+        if not 1 <= self.servers <= self.rounds:
+            raise ValueError(f"--servers {self.servers}: the server lives must be between 1 and the rounds "
+                             f"({self.rounds}); each life runs a share of them")
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "workloads"}
@@ -166,13 +173,21 @@ def balanced_orders(n: int) -> list[list[int]]:
     return orders if n % 2 == 0 else orders + [o[::-1] for o in orders]
 
 
-def trial_plan(models: list[str], rounds: int, warmup_rounds: int = 0) -> list[dict]:
+def trial_plan(models: list[str], rounds: range, warmup_rounds: int = 0) -> list[dict]:
     """Round r sends to the models in the order `balanced_orders` gives it (r modulo the design's
     length): every model takes every position, and follows every other model, equally often when
     rounds is a multiple of the number of models (of twice that for an odd number). Warm-up rounds
-    come first, numbered -warmup_rounds .. -1 (`measured` drops them)."""
+    come first, numbered -warmup_rounds .. -1 (`measured` drops them); `rounds` are the measured
+    ones (a server life's share, `life_rounds`)."""
     orders = balanced_orders(len(models))
-    return [{"model": models[i], "round": r} for r in range(-warmup_rounds, rounds) for i in orders[r % len(orders)]]
+    return [{"model": models[i], "round": r} for r in [*range(-warmup_rounds, 0), *rounds]
+            for i in orders[r % len(orders)]]
+
+
+def life_rounds(rounds: int, servers: int) -> list[range]:
+    """The measured rounds of each server life: consecutive shares, as equal as they divide."""
+    cuts = [rounds * i // servers for i in range(servers + 1)]
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def measured(trials: list[dict]) -> list[dict]:
@@ -206,14 +221,31 @@ def worker_command(cfg: MatrixConfig, port: int) -> list[str]:
             "127.0.0.1", "--master-port", str(port), "--loglevel", "INFO"]
 
 
+@dataclass
+class LevelRun:
+    """One server life's run of a load level: what Locust recorded and the server's counters around it."""
+
+    samples: list[dict]
+    trials: list[dict]  # every trial, warm-ups included (`measured` drops them)
+    before: dict  # the server's metrics scraped before and after
+    after: dict
+    exit_code: int  # Locust's
+    worker_exit_codes: list[int | None]  # -9: killed, it did not quit
+    unreported: list[str]  # Locust workers that did not report a trial drained
+    wall_s: float
+    samples_path: Path
+    trials_path: Path
+
+
 def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Workload, prompts_file: Path,
-              level_dir: Path) -> list[dict]:
-    """Run the interleaved trials of every model at one load level; returns one cell per model."""
+              level_dir: Path, rounds: range) -> LevelRun:
+    """Run the interleaved trials of every model at one load level, `rounds` of them, on the server
+    the config names."""
     level_dir.mkdir(parents=True, exist_ok=True)
     samples_path, trials_path, plan_path = (level_dir / n for n in ("samples.jsonl", "trials.jsonl", "plan.json"))
     for p in (samples_path, trials_path):
         p.unlink(missing_ok=True)
-    plan = trial_plan(models, cfg.rounds, cfg.warmup_rounds)
+    plan = trial_plan(models, rounds, cfg.warmup_rounds)
     plan_path.write_text(json.dumps({"warmup_s": cfg.warmup_s, "duration_s": cfg.duration_s, "drain_s": cfg.drain_s,
                                      "trials": plan,
                                      "server_pid": server_pid(cfg.grpc_url), "out": str(trials_path)}))
@@ -240,36 +272,65 @@ def run_level(cfg: MatrixConfig, models: list[str], users: int, workload: Worklo
         except subprocess.TimeoutExpired:
             w.kill()
             w.wait()
-    worker_exit_codes = [w.returncode for w in workers]  # -9: killed, it did not quit
     time.sleep(0.6)  # the backend flushes its metrics every 0.2 s
     after = scrape(cfg.metrics_url)
-    samples = stats.load_samples(samples_path)
     all_trials = stats.load_samples(trials_path)
-    trials = measured(all_trials)
     # warm-up trials too: a sample lost there is missing from the level's checks against the server
     unreported = sorted({w for t in all_trials for w in t.get("unreported_workers", [])})
-    wall = round(time.time() - t0, 2)
+    return LevelRun(stats.load_samples(samples_path), all_trials, before, after, proc.returncode,
+                    [w.returncode for w in workers], unreported, round(time.time() - t0, 2), samples_path, trials_path)
+
+
+def level_cells(cfg: MatrixConfig, models: list[str], runs: list[LevelRun]) -> list[dict]:
+    """One cell per model from a load level's runs, one per server life: each trial keeps its
+    life's figures (a trial's samples are found by its index within its life), and the cell's
+    pooled figures count every life's requests and the sum of the lives' server counters."""
+    lives = len(runs)
+    before, after = summed_counters(runs)
+    exit_code = next((r.exit_code for r in runs if r.exit_code), 0)
+    logs = ", ".join(str(r.samples_path.with_name("locust.log")) for r in runs)
     cells = []
     for model in models:
-        mine = [t for t in trials if t["model"] == model]
-        cell_samples = [s for s in samples if s.get("model") == model]
+        records, mine, cell_samples = [], [], []
+        for life, run in enumerate(runs):
+            own = [t for t in measured(run.trials) if t["model"] == model]
+            for t in own:
+                records.append({**trial_record(t, run.samples), **({"life": life} if lives > 1 else {})})
+            mine += own
+            cell_samples += [s for s in run.samples if s.get("model") == model]
         fig = cell_figures(cell_samples, mine, before, after, model)
-        fig.update({"locust_exit_code": proc.returncode, "locust_worker_exit_codes": worker_exit_codes,
-                    "level_wall_s": wall})
+        fig.update({"locust_exit_code": exit_code,
+                    "locust_worker_exit_codes": [c for r in runs for c in r.worker_exit_codes],
+                    "level_wall_s": round(sum(r.wall_s for r in runs), 2)})
+        unreported = sorted({w for r in runs for w in r.unreported})
         if not cell_samples:
-            fig["error"] = f"no samples (locust exit code {proc.returncode}; see {level_dir / 'locust.log'})"
+            fig["error"] = f"no samples (locust exit code {exit_code}; see {logs})"
         elif len(mine) < cfg.rounds:
-            fig["error"] = f"{len(mine)} of {cfg.rounds} trials ran (see {level_dir / 'locust.log'})"
+            fig["error"] = f"{len(mine)} of {cfg.rounds} trials ran (see {logs})"
         elif unreported:
             fig["error"] = (f"Locust worker(s) {', '.join(unreported)} did not report a trial drained: its samples "
-                            f"may be lost (see {level_dir / 'locust.log'})")
-        elif before and not after:
+                            f"may be lost (see {logs})")
+        elif any(r.before and not r.after for r in runs):
             fig["error"] = "the server's metrics endpoint stopped answering (did tritonserver exit?)"
         elif all(s.get("error") for s in cell_samples):
             fig["error"] = f"every request failed, e.g. {cell_samples[-1]['error']}"
-        cells.append({"model": model, "figures": fig, "trials": [trial_record(t, samples) for t in mine],
-                      "samples": str(samples_path), "trials_file": str(trials_path)})
+        cells.append({"model": model, "figures": fig, "trials": records,
+                      "samples": [str(r.samples_path) for r in runs], "trials_file": [str(r.trials_path) for r in runs]})
     return cells
+
+
+def summed_counters(runs: list[LevelRun]) -> tuple[dict, dict]:
+    """(before, after) scrapes whose difference is the sum of every life's (each server's counters
+    start at zero); empty where a life has no scrape (no metrics endpoint)."""
+    if not all(r.before and r.after for r in runs):
+        return {}, {}
+    if len(runs) == 1:
+        return runs[0].before, runs[0].after
+    after: dict = {}
+    for r in runs:
+        for key, value in r.after.items():
+            after[key] = after.get(key, 0.0) + value - r.before.get(key, 0.0)
+    return dict.fromkeys(after, 0.0), after
 
 
 def trial_record(trial: dict, samples: list[dict]) -> dict:
@@ -325,30 +386,45 @@ def _locust_env() -> dict:
 
 
 # ---- the matrix ---------------------------------------------------------------------------------------
-def run_matrix(cfg: MatrixConfig, progress=None) -> dict:
-    """Run every level; returns the report dict (figures, intervals, setup). `progress(done, total, text)`."""
+def run_matrix(cfg: MatrixConfig, progress=None, restart=None) -> dict:
+    """Run every level; returns the report dict (figures, intervals, setup). `progress(done, total,
+    text)`. Over `cfg.servers` lives, `restart(life)` stops the server and starts a fresh one
+    (returning it: its URLs go into `cfg`) before each life after the first; every life runs every
+    level."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.servers > 1 and restart is None:
+        raise ValueError(f"--servers {cfg.servers} needs a server this command starts (--kit or --model-repository)")
     # the baseline (and its A/A copy) first; a canary router alone needs no baseline (it serves both)
     first = [m for m in (cfg.baseline, cfg.aa_model) if m and m in cfg.models]
     models = first + [m for m in cfg.models if m not in first]
-    total = len(cfg.workloads) * len(cfg.concurrency)
-    cells, done = [], 0
-    for wi, workload in enumerate(cfg.workloads):
-        prompts_file = write_prompts(out / "prompts" / f"workload{wi}.jsonl",
-                                     prompts_for(workload, cfg.prompts, cfg.seed))
-        for users in cfg.concurrency:
+    shares = life_rounds(cfg.rounds, cfg.servers)
+    levels = [(wi, workload, users) for wi, workload in enumerate(cfg.workloads) for users in cfg.concurrency]
+    prompts = {wi: write_prompts(out / "prompts" / f"workload{wi}.jsonl", prompts_for(workload, cfg.prompts, cfg.seed))
+               for wi, workload in enumerate(cfg.workloads)}
+    runs: dict[tuple[int, int], list[LevelRun]] = {(wi, users): [] for wi, _, users in levels}
+    total, done = len(levels) * cfg.servers, 0
+    for life, rounds in enumerate(shares):
+        if life:
+            server = restart(life)
+            cfg.grpc_url, cfg.http_url, cfg.metrics_url = server.grpc_url, server.http_url, server.metrics_url
+        for wi, workload, users in levels:
             if progress:
-                progress(done, total, f"{workload.name}  concurrency {users}: {cfg.rounds} rounds of "
-                                      f"{', '.join(models)}")
-            for c in run_level(cfg, models, users, workload, prompts_file, out / "levels" / f"w{wi}-c{users}"):
-                c.update({"workload": workload.name, "workload_index": wi, "concurrency": users})
-                c["samples"] = str(Path(c["samples"]).relative_to(out))
-                c["trials_file"] = str(Path(c["trials_file"]).relative_to(out))
-                cells.append(c)
+                where = f" (server life {life + 1}/{cfg.servers})" if cfg.servers > 1 else ""
+                progress(done, total, f"{workload.name}  concurrency {users}: {len(rounds)} rounds of "
+                                      f"{', '.join(models)}{where}")
+            level_dir = out / "levels" / f"w{wi}-c{users}" / (f"life{life}" if cfg.servers > 1 else "")
+            runs[wi, users].append(run_level(cfg, models, users, workload, prompts[wi], level_dir, rounds))
             done += 1
     if progress:
         progress(done, total, "done")
+    cells = []
+    for wi, workload, users in levels:
+        for c in level_cells(cfg, models, runs[wi, users]):
+            c.update({"workload": workload.name, "workload_index": wi, "concurrency": users})
+            c["samples"] = [str(Path(p).relative_to(out)) for p in c["samples"]]
+            c["trials_file"] = [str(Path(p).relative_to(out)) for p in c["trials_file"]]
+            cells.append(c)
     add_intervals(cells, cfg.baseline)
     report = {"setup": {**cfg.to_dict(), "models": models,
                         "prompt_files": [str(Path("prompts") / f"workload{i}.jsonl") for i in range(len(cfg.workloads))]},
@@ -384,11 +460,12 @@ def add_intervals(cells: list[dict], baseline: str) -> None:
         b = base.get((c["workload"], c["concurrency"]))
         rounds = sorted({t["round"] for t in c["trials"]} | ({t["round"] for t in b["trials"]} if b else set()))
         mine = {t["round"]: t["figures"] for t in c["trials"]}
+        life = round_lives(c["trials"] + (b["trials"] if b else []))
         c["ratios"] = (round_ratios(c["trials"], b["trials"], stats.TRIAL_FIGURES) if b
                        else dict.fromkeys(stats.TRIAL_FIGURES))
         c["means"] = {}
         for k in stats.TRIAL_FIGURES:
-            m = mean_interval([mine.get(r, {}).get(k) for r in rounds])
+            m = mean_interval([mine.get(r, {}).get(k) for r in rounds], lives=[life.get(r, 0) for r in rounds])
             c["means"][k] = m.to_dict() if m else None
 
 
@@ -409,6 +486,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src.add_argument("--rev", help="also serve every model from this git revision of specdec (a Triton backend of its "
                                    "own) as <model>_<sha7>, in the same rounds, and report each model against it "
                                    "(with --kit or --model-repository)")
+    src.add_argument("--servers", type=int, default=MatrixConfig.servers,
+                     help="server lives to split the rounds over: a fresh tritonserver for each share, whose "
+                          "instances' luck the intervals then hold (with --kit or --model-repository; "
+                          f"default {MatrixConfig.servers})")
     m = ap.add_argument_group("matrix")
     m.add_argument("--models", help="comma-separated (default: every model the server has ready)")
     m.add_argument("--baseline", default="baseline", help="the model every ratio is taken against")
@@ -447,7 +528,7 @@ def config_from_args(a: argparse.Namespace, models: list[str]) -> MatrixConfig:
         rounds=a.rounds, duration_s=a.duration, warmup_s=a.warmup, warmup_rounds=a.warmup_rounds,
         protocol=a.protocol, grpc_url=a.grpc_url, http_url=a.http_url, metrics_url=a.metrics_url, baseline=a.baseline,
         aa_model=aa_name(a.baseline) if a.aa else None, revision=a.revision, prompts=a.prompts, seed=a.seed,
-        workers=a.workers, out=a.out)
+        workers=a.workers, servers=a.servers, out=a.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.rev and not (a.kit or a.model_repository):
             raise ValueError("--rev needs --kit or --model-repository (the command serves the revision's twins itself)")
+        if a.servers != 1 and not (a.kit or a.model_repository):
+            raise ValueError(f"--servers {a.servers} needs --kit or --model-repository (the command restarts the "
+                             "server it starts, never a running one)")
         a.revision = revision.resolve(a.rev) if a.rev else None
         if a.kit or a.model_repository:
             out = Path(a.out)
@@ -502,7 +586,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load matrix: {len(cfg.workloads)} workload(s) x concurrency {cfg.concurrency}; {cfg.rounds} "
               f"interleaved rounds of {', '.join(models)} after {cfg.warmup_rounds} unmeasured; {cfg.warmup_s:g} s "
               f"warm-up + {cfg.duration_s:g} s measured per trial -> {a.out}", flush=True)
-        report = run_matrix(cfg, progress=lambda d, t, s: print(f"  [{d + 1 if d < t else t}/{t}] {s}", flush=True))
+
+        def restart(life: int):
+            nonlocal server
+            server.stop()
+            server = None
+            server = start_server(repo, out / f"life{life}", aa_of=a.baseline if a.aa else None, backend_dir=backend_dir)
+            return server
+
+        report = run_matrix(cfg, progress=lambda d, t, s: print(f"  [{d + 1 if d < t else t}/{t}] {s}", flush=True),
+                            restart=restart if server else None)
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from specdec.tools.loadtest.guardrails import AA_FIGURES, Guardrails, aa_check, verdicts
-from specdec.tools.loadtest.intervals import CONFIDENCE
+from specdec.tools.loadtest.intervals import CONFIDENCE, life_ratios
 from specdec.tools.loadtest.matrix import balanced_orders
 from specdec.tools.loadtest.noise import FOREIGN_LOAD_CORES
 from specdec.tools.loadtest.revision import FIGURES as REVISION_FIGURES, revision_ratios, short
@@ -185,6 +185,23 @@ def trust_lines(report: dict) -> list[str]:
     return lines
 
 
+def life_lines(cells: list[dict], baseline: str, lives: int) -> list[str]:
+    """Each model's output tokens/s over the baseline's in each server life (the geometric mean of
+    that life's paired rounds): how far the instances' luck moved a comparison that the rounds of
+    one life all share."""
+    base = {c["concurrency"]: c for c in cells if c["model"] == baseline}
+    lines = ["", "### Output tokens/s ratio to baseline by server life", "",
+             "| model | conc | " + " | ".join(f"life {i}" for i in range(lives)) + " |", "|---|---:|" + "---:|" * lives]
+    for c in cells:
+        b = base.get(c["concurrency"])
+        if c["model"] == baseline or not b:
+            continue
+        ratios = life_ratios(c["trials"], b["trials"], "output_tokens_per_s", lives)
+        lines.append(f"| {c['model']} | {c['concurrency']} | "
+                     + " | ".join(f"{r:.3f}" if r is not None else "-" for r in ratios) + " |")
+    return lines
+
+
 def verdict_table(report: dict) -> str:
     all_verdicts = report["verdicts"] + report.get("canary_verdicts", [])
     first = (all_verdicts or [{}])[0]
@@ -205,6 +222,8 @@ def verdict_table(report: dict) -> str:
 def markdown(report: dict) -> str:
     s = report["setup"]
     conf = f"{CONFIDENCE:.0%}"
+    lives = s.get("servers", 1)
+    over = "server lives: each life's geometric mean is one value" if lives > 1 else "rounds"
     lines = ["# Load matrix report", "",
              f"Generated {report['generated']} on {report['environment']['host']} "
              f"({report['environment']['cpus']} CPUs). Baseline: `{s['baseline']}`.", ""]
@@ -212,7 +231,10 @@ def markdown(report: dict) -> str:
     lines += ["## Setup (held fixed across models)", "",
               f"- models: {', '.join(f'`{m}`' for m in s['models'])}",
               f"- concurrency (closed-loop Locust users): {', '.join(map(str, s['concurrency']))}",
-              f"- interleaved trials: {s['rounds']} rounds per load level, after {s.get('warmup_rounds', 0)} "
+              f"- interleaved trials: {s['rounds']} rounds per load level"
+              + (f", split over {lives} server lives (a fresh tritonserver for each share, with warm-up rounds of "
+                 f"its own)" if lives > 1 else "")
+              + f", after {s.get('warmup_rounds', 0)} "
               f"unmeasured warm-up round(s); in each round every model runs one trial "
               f"({s['warmup_s']:g} s warm-up, then {s['duration_s']:g} s measured; requests in flight drain before "
               f"the next trial), in a Williams design's orders (over every {len(balanced_orders(len(s['models'])))} "
@@ -232,7 +254,7 @@ def markdown(report: dict) -> str:
               "process per output token; foreign cores = CPU used by processes other than the server and the load "
               "generator during the trials (mean). Figures pool every trial of a model. Ratios are to the baseline "
               f"at the same workload and load level: the geometric mean of the per-round paired ratios with its "
-              f"{conf} interval (Student's t over rounds) in brackets.", ""]
+              f"{conf} interval (Student's t over {over}) in brackets.", ""]
     for wname in dict.fromkeys(c["workload"] for c in report["cells"]):
         cells = [c for c in report["cells"] if c["workload"] == wname]
         lines += [f"## Workload `{wname}`", "", "### Figures (all trials pooled)", "",
@@ -243,20 +265,23 @@ def markdown(report: dict) -> str:
             lines.append(f"| {c['model']} | {c['concurrency']} | "
                          + " | ".join(fmt(f.get(k), sc, p) for k, _, sc, p in TABLE)
                          + f" | {f.get('foreign_load_trials', 0)} of {f.get('trials', 0)} |")
-        lines += ["", f"### Ratio to baseline ({conf} interval over paired rounds)", "",
-                  "| model | conc | " + " | ".join(RATIO_COLUMNS) + " |", "|---|---:|" + "---|" * len(RATIO_COLUMNS)]
+        lines += ["", f"### Ratio to baseline ({conf} interval over paired rounds{' by server life' if lives > 1 else ''})",
+                  "", "| model | conc | " + " | ".join(RATIO_COLUMNS) + " |", "|---|---:|" + "---|" * len(RATIO_COLUMNS)]
         for c in cells:
             if c["model"] == s["baseline"]:
                 continue
             lines.append(f"| {c['model']} | {c['concurrency']} | "
                          + " | ".join(fmt_ratio(c["ratios"].get(k)) for k in RATIO_COLUMNS) + " |")
+        if lives > 1:
+            lines += life_lines(cells, s["baseline"], lives)
         lines += ["", "### Trials (wall-clock figures beside CPU ms per token and the machine's foreign load)", "",
                   "| conc | round | model | out tok/s | TPOT p50 ms | ITL p95 ms | CPU ms/tok | foreign cores | flag |",
                   "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
         for c in sorted(cells, key=lambda c: c["concurrency"]):
             for t in c["trials"]:
                 f = t["figures"]
-                lines.append(f"| {c['concurrency']} | {t['round']} | {c['model']} | "
+                where = f" (life {t['life']})" if "life" in t else ""
+                lines.append(f"| {c['concurrency']} | {t['round']}{where} | {c['model']} | "
                              f"{fmt(f.get('output_tokens_per_s'), 1, '{:.0f}')} | {fmt(f.get('tpot_p50'), 1000, '{:.1f}')} | "
                              f"{fmt(f.get('itl_p95'), 1000, '{:.1f}')} | {fmt(f.get('cpu_ms_per_token'), 1, '{:.2f}')} | "
                              f"{t['cpu']['foreign_cores']:.2f} | {'foreign load' if t['cpu']['foreign_load'] else ''} |")
@@ -317,7 +342,8 @@ def markdown(report: dict) -> str:
     levels = (report["verdicts"] or [{}])[0].get("levels", [])
     lines += ["## Verdict", "", "Guardrails: " + _guardrails_text(report["guardrails"]) + ".", "",
               f"A bound decides only when its whole {conf} interval lies on one side of it (pass, **fail**); otherwise "
-              "the level is inconclusive (?) and the reason says how many rounds would likely decide it.", "",
+              f"the level is inconclusive (?) and the reason says how many {'server lives' if lives > 1 else 'rounds'} "
+              "would likely decide it.", "",
               "| workload | method | " + " | ".join(f"c={lv['concurrency']}" for lv in levels) + " | verdict | reason |",
               "|---|---|" + "---|" * (len(levels) + 2)]
     for v in report["verdicts"]:
