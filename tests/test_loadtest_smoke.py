@@ -216,6 +216,26 @@ def test_rounds_split_over_fresh_servers_pool_by_life(served, tmp_path):
     assert "split over 2 server lives" in md and "by server life" in md and "| 2 (life 1) |" in md
 
 
+def test_demo_runs_its_stages_over_two_server_lives(served, tmp_path):
+    """`specdec demo` (what `make demo` runs, here on the tiny kit, two models, one load level):
+    every stage passes, the load stage over two fresh servers, and the report's A/A check and
+    verdicts stand on intervals over the lives."""
+    from specdec.tools.demo import main as demo_main
+
+    kit = served.model_repository.parent / "kit"
+    out = tmp_path / "demo"
+    rc = demo_main(["--kit", str(kit), "--models", "baseline,spec_draft", "--concurrency", "1", "--rounds", "2",
+                    "--servers", "2", "--duration", "0.5", "--warmup", "0.2", "--max-tokens", str(MAX_TOKENS),
+                    "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["setup"]["servers"] == 2 and [lv["concurrency"] for lv in report["aa_check"]["levels"]] == [1]
+    assert {t["life"] for c in report["cells"] for t in c["trials"]} == {0, 1}
+    ratio = next(c for c in report["cells"] if c["model"] == "spec_draft")["ratios"]["output_tokens_per_s"]
+    assert ratio["unit"] == "life" and ratio["n"] == 2
+    assert [v["model"] for v in report["verdicts"]] == ["spec_draft"]
+
+
 def test_servers_need_a_server_the_command_starts(served, capsys):
     rc = loadtest_main(["--grpc-url", served.grpc_url, "--http-url", served.http_url, "--servers", "2"])
     assert rc == 1 and "--servers 2 needs --kit or --model-repository" in capsys.readouterr().err

@@ -14,11 +14,11 @@ machine's speed drifts. Why not a bootstrap over rounds: with 3-10 rounds its pe
 under-covers badly, while the t interval keeps its stated error rate for normal log ratios with any
 n >= 2 (tests/test_loadtest_units.py checks that in a seeded simulation).
 
-Rounds of one server life are not independent draws either: two stubs of one config can differ by
-up to ~10% for as long as their server runs (docs/verdicts.md), and every round of that life
-carries the difference. A run over several server lives (`loadtest --servers N`) therefore takes
-the interval over the lives: each life's mean log ratio is one value, and the t interval is over
-those (n = lives), which holds both the rounds' noise and the instances' luck.
+Rounds of one server life are not independent draws of a comparison either: a difference two
+stubs keep for as long as their server runs is in every round of that life (docs/verdicts.md). A
+run over several server lives (`loadtest --servers N`) therefore takes the interval over the
+lives: each life's mean log ratio is one value, and the t interval is over those (n = lives),
+which holds both the rounds' noise and the instances' luck.
 """
 
 from __future__ import annotations

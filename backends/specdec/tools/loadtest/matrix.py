@@ -69,8 +69,8 @@ class MatrixConfig:
     drain_s: float = 30.0  # at most this long for a trial's requests in flight to end; the rest are abandoned
     workers: int = 0  # > 0: Locust distributed mode, one master and this many worker processes per level
     # server lives the rounds are split over (a fresh tritonserver each, warm-up rounds again in
-    # each): two stubs of one config can differ by ~10% for a whole life, which rounds of one
-    # life cannot average out (docs/verdicts.md); over lives, the intervals are too (`intervals`)
+    # each): a difference two stubs keep for a server's life is in every round of it, which only
+    # more lives average out; over lives, the intervals are too (`intervals`, docs/verdicts.md)
     servers: int = 1
     out: str = "reports/loadtest"
 
