@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 from specdec.paths import REPO_ROOT
 from specdec.serving.client import grpc_tensors, request_inputs
 from specdec.serving.repository import write_repository
-from specdec.serving.server import free_port
+from specdec.serving.server import free_ports
 from specdec.serving.supervisor import stub_pids
 from specdec.tools.loadtest.matrix import scrape
 from tiny_checkpoints import make_tiny_kit
@@ -55,7 +55,7 @@ class Serve:
     """`specdec serve` in a subprocess (its own session, as from a terminal), its stdout collected."""
 
     def __init__(self, tmp: Path, repo: Path, *args: str, ports: list[int] | None = None) -> None:
-        self.ports = ports or [free_port() for _ in range(3)]
+        self.ports = ports or free_ports(3)
         self.log = tmp / f"tritonserver-{self.ports[0]}.log"
         port_args = ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]),
                      "--metrics-port", str(self.ports[2]), "--log-file", str(self.log), *args]
@@ -371,7 +371,7 @@ def test_restarts_count_each_reload_of_a_model_once(repo, tmp_path):
 # ---- shutdown ---------------------------------------------------------------------------------------
 # Each of these servers starts on the ports the previous one just left: a restart right after a stop
 # must not be refused.
-PORTS = [free_port() for _ in range(3)]
+PORTS = free_ports(3)
 
 
 @pytest.mark.parametrize("signum,drain_s", [(signal.SIGINT, 60.0), (signal.SIGTERM, 0.5)])

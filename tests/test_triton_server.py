@@ -30,7 +30,7 @@ from specdec.core.engine_config import build_engine
 from specdec.core.sampling import SamplingParams
 from specdec.serving.config import engine_config_for
 from specdec.serving.repository import write_repository
-from specdec.serving.server import TritonServer, free_port
+from specdec.serving.server import TritonServer, free_ports
 from tiny_checkpoints import make_tiny_kit
 
 pytestmark = pytest.mark.slow
@@ -451,7 +451,7 @@ def test_specdec_client_over_grpc_and_http(served, capsys):
 
 
 def test_serve_command_prints_endpoints_and_stops_on_ctrl_c(served):
-    ports = [str(free_port()) for _ in range(3)]
+    ports = [str(p) for p in free_ports(3)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "specdec.serving.server", "--model-repository", str(served.model_repository),
          "--models", "spec_ngram", "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2],
@@ -548,3 +548,11 @@ def test_a_20_mb_prompt_is_refused_at_once_and_delays_no_one(served):
     assert error is not None and "text_input has 20000000 characters" in error
     assert seconds < 1.5  # 20 MB over local gRPC plus the check; tokenizing it took 16-18 s
     assert results["small"][0] is None and results["small"][1] < alone + 1.0
+
+
+def test_free_ports_picked_together_are_distinct():
+    """The three ports a TritonServer picks (`free_ports`): picked one at a time, a port freed by
+    the first could come back for the next (2 of 20000 triples on this machine), and a load test's
+    second server life was refused for listening twice on one port."""
+    for _ in range(5000):
+        assert len(set(free_ports(3))) == 3

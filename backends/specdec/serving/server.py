@@ -143,10 +143,22 @@ def repository_models(repo: Path) -> list[str]:
     return sorted(p.name for p in Path(repo).iterdir() if (p / "config.pbtxt").exists())
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: held open together while the kernel picks them (picked one at a time,
+    a port freed by the first could come back for the second: a load test's second server life
+    was refused, "cannot listen to HTTP requests and GRPC requests at the same address and port")."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class TritonServer:
@@ -165,7 +177,8 @@ class TritonServer:
         self.models = models or repository_models(self.model_repository)
         if not self.models:
             raise ServerError(f"no models (folders with config.pbtxt) in {self.model_repository}")
-        self.http_port, self.grpc_port, self.metrics_port = (p or free_port() for p in (http_port, grpc_port, metrics_port))
+        picked = iter(free_ports(3))
+        self.http_port, self.grpc_port, self.metrics_port = (p or next(picked) for p in (http_port, grpc_port, metrics_port))
         self.exit_timeout_s, self.verbose, self.extra_args = exit_timeout_s, verbose, extra_args or []
         self.backend_dir = Path(backend_dir) if backend_dir else None
         self.log_path = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
