@@ -166,6 +166,8 @@ class RuntimeConfig:
     dtype: str = setting("float32", "model weights and activations", choices=DTYPES)
     device: str = setting("cpu", "cpu, cuda or cuda:N")
     threads: int = setting(1, "CPU threads of torch and of the native decoder (1 is fastest when cores are shared)")
+    prefill_threads: int = setting(0, "native decoder threads for a prompt's prefill, where decode keeps `threads` "
+                                      "(0: `threads`)")
 
 
 PATH_KEYS = tuple(f.name for f in fields(Checkpoints))  # settings that name folders

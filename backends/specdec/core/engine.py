@@ -26,6 +26,7 @@ from torch import Tensor
 
 from specdec.core.cost_model import CostModel
 from specdec.core.errors import InvalidRequest, QueueTimeout
+from specdec.core.models import native
 from specdec.core.models.llama import LlamaForCausalLM
 from specdec.core.models.tokenizer import Tokenizer
 from specdec.core.output import OutputStream
@@ -92,9 +93,11 @@ class Engine:
         adaptive: bool,
         queue_timeout_s: float,
         typical: TypicalAcceptance | None = None,
+        prefill_threads: int = 1,
     ) -> None:
         """The settings' defaults live in `specdec.core.config`; `build_engine` passes them all."""
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
+        self.prefill_threads = prefill_threads  # the native pool's for a prefill (decode keeps the runtime's)
         self.typical = typical  # lossy Medusa-2 acceptance for sampled requests; None = exact
         self.max_batch, self.max_context = max_batch, max_context
         self.eos_ids = list(target.config.eos_token_id or tokenizer.eos_ids)
@@ -277,9 +280,10 @@ class Engine:
         # prompts of different lengths: the padding is not computed (prompts of 24 and 165 tokens
         # ran 330 rows, not 189) and does not count against the native forward's rows
         lengths = [len(r) for r in rows] if any(len(r) < width for r in rows) else None
-        hidden = self.target(tokens, positions, self.cache, [s.slot for s in seqs], [0] * len(seqs), None, lengths)
-        last = hidden[torch.arange(len(seqs)), torch.tensor([len(r) - 1 for r in rows])]
-        logits = self.target.logits(last)
+        with native.threads_for(self.prefill_threads):
+            hidden = self.target(tokens, positions, self.cache, [s.slot for s in seqs], [0] * len(seqs), None, lengths)
+            last = hidden[torch.arange(len(seqs)), torch.tensor([len(r) - 1 for r in rows])]
+            logits = self.target.logits(last)
         self.metrics.prefill_tokens += sum(len(r) for r in rows)
         firsts = []
         for b, seq in enumerate(seqs):

@@ -40,6 +40,9 @@ def build_engine(cfg: EngineConfig) -> Engine:
         raise ConfigurationError(f"acceptance must be 'exact' or 'typical' (lossy), got {p.acceptance!r}")
     if rt.dtype not in DTYPES:
         raise ConfigurationError(f"dtype must be one of {', '.join(DTYPES)}, got {rt.dtype!r}")
+    if rt.threads < 1 or rt.prefill_threads < 0:
+        raise ConfigurationError(f"threads must be >= 1 and prefill_threads >= 0 (0: threads), got {rt.threads} "
+                                 f"and {rt.prefill_threads}")
     if rt.device.startswith("cpu"):
         torch.set_num_threads(rt.threads)
         native.set_threads(rt.threads)
@@ -52,4 +55,4 @@ def build_engine(cfg: EngineConfig) -> Engine:
         cfg, Target(target, tokenizer, target_dir, eos, dtype, rt.device))
     typical = TypicalAcceptance(p.typical_threshold, p.typical_alpha) if p.acceptance == "typical" else None
     return Engine(target, tokenizer, proposer, sched.max_batch, sched.max_context, sched.policy == "adaptive",
-                  sched.queue_timeout_s, typical)
+                  sched.queue_timeout_s, typical, rt.prefill_threads or rt.threads)

@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,6 +139,18 @@ def set_threads(threads: int) -> None:
     lib = library()
     if lib is not None:
         _threads = lib.specdec_set_threads(threads)
+
+
+@contextmanager
+def threads_for(threads: int):
+    """The native pool at `threads` for a section (a prompt's prefill: the runtime's
+    `prefill_threads`), then as it was."""
+    before = _threads
+    set_threads(threads)
+    try:
+        yield
+    finally:
+        set_threads(before)
 
 
 class _Layer(ctypes.Structure):
