@@ -249,6 +249,40 @@ def test_intervals_over_server_lives():
     assert rounds_to_clear(Interval(**ratios_by_round["x"]).at(0.9), 0.9) > 2
 
 
+def test_lives_that_agree_take_the_rounds_spread_within_them():
+    """Two lives whose means agree at least as well as their rounds' noise predicts show no
+    difference of their own: the interval then takes the rounds' spread within their lives, with
+    its degrees of freedom (over two lives' means alone it would have one, t = 6.3 at 90%)."""
+    rng = random.Random(3)
+    logs = [rng.gauss(0, 0.1) for _ in range(16)]
+    logs = [x - sum(logs[:8]) / 8 for x in logs[:8]] + [x - sum(logs[8:]) / 8 for x in logs[8:]]  # equal means
+    values = [100 * math.exp(x) for x in logs]
+    over_lives = paired_ratio(values, [100.0] * 16, lives=[0] * 8 + [1] * 8)
+    rounds_only = paired_ratio(values, [100.0] * 16)
+    assert over_lives.unit == "life" and over_lives.n == 2 and over_lives.df == 14
+    assert over_lives.at(0.95).hi < 1.12 and math.isclose(math.log(over_lives.hi), math.log(rounds_only.hi), rel_tol=0.1)
+    assert Interval(**over_lives.to_dict()).at(0.9) == over_lives  # the degrees of freedom travel with it
+
+
+@pytest.mark.parametrize("instance_sd", [0.0, 0.1])
+def test_intervals_over_lives_keep_their_coverage(instance_sd):
+    """Seeded: rounds' log ratios with sd 0.1 and each of 3 lives offset by N(0, instance_sd);
+    the 90% interval over the lives covers the true ratio (1) about 90% of the time or more,
+    whether or not the lives carry differences of their own (simulated: 94% and 91%)."""
+    rng = random.Random(11)
+    covered, runs = 0, 600
+    for _ in range(runs):
+        lives, values = [], []
+        for life in range(3):
+            offset = rng.gauss(0, instance_sd)
+            for _ in range(6):
+                lives.append(life)
+                values.append(math.exp(offset + rng.gauss(0, 0.1)))
+        iv = paired_ratio(values, [1.0] * len(values), lives=lives)
+        covered += iv.lo <= 1.0 <= iv.hi
+    assert covered / runs >= 0.87, covered / runs
+
+
 def test_summed_counters_add_each_server_lifes_deltas():
     """Each fresh server's counters start at zero: a cell's server figures over several lives are
     the sum of every life's (after - before), the check of the users' tokens against the server's included."""

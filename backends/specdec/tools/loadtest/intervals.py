@@ -17,8 +17,12 @@ n >= 2 (tests/test_loadtest_units.py checks that in a seeded simulation).
 Rounds of one server life are not independent draws of a comparison either: a difference two
 stubs keep for as long as their server runs is in every round of that life (docs/verdicts.md). A
 run over several server lives (`loadtest --servers N`) therefore takes the interval over the
-lives: each life's mean log ratio is one value, and the t interval is over those (n = lives),
-which holds both the rounds' noise and the instances' luck.
+lives (`spread`): each life's mean log ratio is one value, and the t interval is over those
+(n = lives), which holds both the rounds' noise and the instances' luck; but where the lives'
+means agree at least as well as their rounds' own noise predicts (no sign of a difference a life
+carries), the rounds' spread within their lives sets the interval, with its degrees of freedom.
+Over two lives the first alone has one degree of freedom (t = 6.3 at 90%), and measured on this
+machine the lives' means spread no more than their rounds predict (docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ class Interval:
     sd: float  # spread across rounds or lives (of log ratios for a ratio; 0 for n < 2)
     confidence: float
     kind: str = "ratio"  # "ratio" (figure / baseline figure) or "mean" (the figure itself)
-    unit: str = "round"  # what n counts: "round", or "life" (one value per server life: `by_life`)
+    unit: str = "round"  # what n counts: "round", or "life" (one value per server life: `spread`)
+    df: int | None = None  # the t quantile's degrees of freedom where they are not n - 1 (`spread`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,7 +61,7 @@ class Interval:
         """The same interval at another confidence (wider for a higher one)."""
         if self.n < 2 or self.sd == 0.0:
             return replace(self, confidence=confidence)  # unbounded, or no spread: the same interval
-        half = t_quantile(1 - (1 - confidence) / 2, self.n - 1) * self.sd / math.sqrt(self.n)
+        half = t_quantile(1 - (1 - confidence) / 2, self.df or self.n - 1) * self.sd / math.sqrt(self.n)
         if self.kind == "ratio":
             centre = math.log(self.value)
             return replace(self, lo=math.exp(centre - half), hi=math.exp(centre + half), confidence=confidence)
@@ -108,33 +113,66 @@ def paired_ratio(values: list[float | None], base: list[float | None], confidenc
     non-positive figure are left out; None when no pair is left. With one pair the interval is
     unbounded (0, inf): one round says nothing about its own spread. `lives`, by position: the
     server life of each round; over more than one, the interval is over the lives' mean log
-    ratios (`by_life`)."""
+    ratios (`spread`)."""
     kept = [(v, b, life) for v, b, life in zip(values, base, lives or [0] * len(values))
             if _positive(b) and isinstance(v, (int, float)) and v >= 0]
     if kept and all(v == 0 for v, _, _ in kept):  # e.g. ITL p50 when most tokens arrive several at a time
         return Interval(0.0, 0.0, 0.0, len(kept), 0.0, confidence)
-    logs, unit = by_life([(math.log(v / b), life) for v, b, life in kept if v > 0])
-    if not logs:
+    s = spread([(math.log(v / b), life) for v, b, life in kept if v > 0])
+    if s is None:
         return None
-    n = len(logs)
-    mean = sum(logs) / n
-    if n < 2:
-        return Interval(math.exp(mean), 0.0, math.inf, n, 0.0, confidence, unit=unit)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, sd, confidence, unit=unit)
+    if s.n < 2:
+        return Interval(math.exp(s.mean), 0.0, math.inf, s.n, 0.0, confidence, unit=s.unit)
+    half = s.half(confidence)
+    return Interval(math.exp(s.mean), math.exp(s.mean - half), math.exp(s.mean + half), s.n, s.sd, confidence,
+                    unit=s.unit, df=s.df)
 
 
-def by_life(values: list[tuple[float, int]]) -> tuple[list[float], str]:
-    """The values the interval is taken over, and what each is: the rounds' own ("round") while
-    they all come from one server life, else each life's mean ("life"): rounds of one life share
-    its instances' luck, so they are not independent draws of the comparison."""
+@dataclass(frozen=True)
+class Spread:
+    """What an interval is taken from: the mean, an sd whose sd / sqrt(n) is the mean's standard
+    error, n (rounds, or server lives), the t quantile's degrees of freedom and what n counts."""
+
+    mean: float
+    sd: float
+    n: int
+    unit: str
+    df: int | None = None  # None: n - 1
+
+    def half(self, confidence: float) -> float:
+        return t_quantile(1 - (1 - confidence) / 2, self.df or self.n - 1) * self.sd / math.sqrt(self.n)
+
+
+def spread(values: list[tuple[float, int]]) -> Spread | None:
+    """(value, server life) pairs as `Spread`: over the values while they all come from one life;
+    over several, the mean of the lives' means (a life counts once however many rounds it ran),
+    and its standard error from the lives' means' spread (G - 1 degrees of freedom, G lives), or,
+    where that is smaller than the rounds' pooled spread within their lives predicts, from the
+    latter (sum of rounds - 1 per life): lives that agree at least that well show no difference
+    of their own, and the rounds say more of the noise than two or three lives' means can.
+    (A test first, and a difference two lives hide by chance is missed: more lives make that
+    rarer.)"""
     lives: dict[int, list[float]] = {}
     for x, life in values:
         lives.setdefault(life, []).append(x)
+    xs = [x for x, _ in values]
+    if not xs:
+        return None
     if len(lives) < 2:
-        return [x for x, _ in values], "round"
-    return [sum(xs) / len(xs) for _, xs in sorted(lives.items())], "life"
+        n, mean = len(xs), sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+        return Spread(mean, sd, n, "round")
+    groups = [g for _, g in sorted(lives.items())]
+    means = [sum(g) / len(g) for g in groups]
+    G, mean = len(means), sum(means) / len(means)
+    between = sum((m - mean) ** 2 for m in means) / (G - 1) / G  # the mean's variance, from the lives
+    within_df = sum(len(g) - 1 for g in groups)
+    if within_df:
+        pooled = sum((x - m) ** 2 for g, m in zip(groups, means) for x in g) / within_df
+        within = pooled * sum(1 / len(g) for g in groups) / G ** 2  # ... from the rounds, no life effect
+        if within > between:
+            return Spread(mean, math.sqrt(within * G), G, "life", within_df)
+    return Spread(mean, math.sqrt(between * G), G, "life")
 
 
 def round_ratios(trials: list[dict], base: list[dict], keys) -> dict[str, dict | None]:
@@ -172,17 +210,15 @@ def round_lives(trials: list[dict]) -> dict[int, int]:
 def mean_interval(values: list[float | None], confidence: float = CONFIDENCE,
                   lives: list[int] | None = None) -> Interval | None:
     """The same t interval for a figure itself (error rate, acceptance rate), not a ratio; over
-    server lives' means where `lives` (by position) names more than one (`by_life`)."""
-    xs, unit = by_life([(float(v), life) for v, life in zip(values, lives or [0] * len(values))
-                        if isinstance(v, (int, float)) and math.isfinite(v)])
-    if not xs:
+    server lives where `lives` (by position) names more than one (`spread`)."""
+    s = spread([(float(v), life) for v, life in zip(values, lives or [0] * len(values))
+                if isinstance(v, (int, float)) and math.isfinite(v)])
+    if s is None:
         return None
-    n, mean = len(xs), sum(xs) / len(xs)
-    if n < 2:
-        return Interval(mean, -math.inf, math.inf, n, 0.0, confidence, "mean", unit)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n, sd, confidence, "mean", unit)
+    if s.n < 2:
+        return Interval(s.mean, -math.inf, math.inf, s.n, 0.0, confidence, "mean", s.unit)
+    half = s.half(confidence)
+    return Interval(s.mean, s.mean - half, s.mean + half, s.n, s.sd, confidence, "mean", s.unit, s.df)
 
 
 def rounds_to_clear(iv: Interval, threshold: float, limit: int = 1000) -> int | None:

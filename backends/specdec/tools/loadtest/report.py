@@ -223,7 +223,8 @@ def markdown(report: dict) -> str:
     s = report["setup"]
     conf = f"{CONFIDENCE:.0%}"
     lives = s.get("servers", 1)
-    over = "server lives: each life's geometric mean is one value" if lives > 1 else "rounds"
+    over = ("server lives: each life's geometric mean is one value, or the rounds within the lives where those "
+            "agree as well as their rounds predict" if lives > 1 else "rounds")
     lines = ["# Load matrix report", "",
              f"Generated {report['generated']} on {report['environment']['host']} "
              f"({report['environment']['cpus']} CPUs). Baseline: `{s['baseline']}`.", ""]
