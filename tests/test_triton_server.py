@@ -556,3 +556,33 @@ def test_free_ports_picked_together_are_distinct():
     second server life was refused for listening twice on one port."""
     for _ in range(5000):
         assert len(set(free_ports(3))) == 3
+
+
+def test_a_server_killed_by_a_signal_while_loading_is_started_again(served, tmp_path):
+    """`start_retrying` (`specdec serve`'s supervisor, each of a load test's server lives): Triton
+    2.51's Python backend can abort tritonserver while the models load; a server killed so is
+    started again, and says why. Here the first tritonserver is killed (SIGKILL) as it starts."""
+    from specdec.serving.server import start_retrying
+
+    server = TritonServer(served.model_repository, exit_timeout_s=2, log_file=tmp_path / "tritonserver.log")
+    killed = []
+
+    def kill_the_first() -> None:
+        deadline = time.monotonic() + 60
+        while server.proc is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGKILL)
+            killed.append(server.proc.pid)
+
+    said = []
+    thread = threading.Thread(target=kill_the_first, daemon=True)
+    thread.start()
+    try:
+        start_retrying(server, 300, said.append)
+        thread.join(5)
+        assert len(killed) == 1 and server.proc.pid != killed[0]
+        assert len(said) == 1 and "killed by signal 9" in said[0] and "starting it again (2/3)" in said[0]
+        assert requests.get(f"http://{server.http_url}/v2/health/ready", timeout=10).status_code == 200
+    finally:
+        server.stop()

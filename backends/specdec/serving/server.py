@@ -161,6 +161,25 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+START_ATTEMPTS = 3  # starts of tritonserver when a signal kills it while it loads the models
+
+
+def start_retrying(server: "TritonServer", timeout_s: float, say: Callable[[str], None]) -> None:
+    """Start tritonserver, again when a signal killed it while loading: its Python backend aborts
+    (`boost::interprocess::lock_exception`) when a stub holds a shared lock too long, as on a
+    starved machine. An exit of its own (a bad configuration) fails at once. `specdec serve`'s
+    supervisor and the load test's servers (one per server life) start this way."""
+    for attempt in range(2, START_ATTEMPTS + 2):
+        try:
+            server.start(timeout_s)
+            return
+        except ServerExited as exc:
+            if exc.returncode >= 0 or attempt > START_ATTEMPTS:
+                raise
+            say(f"tritonserver was killed by signal {-exc.returncode} while loading the models "
+                f"(its log ends: {server.log_tail(3)}); starting it again ({attempt}/{START_ATTEMPTS})")
+
+
 class TritonServer:
     """A tritonserver process; a context manager that always kills what it started. A port left
     as None is a free one (tests, benchmarks and load tests run beside other servers)."""

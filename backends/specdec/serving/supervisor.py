@@ -29,12 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specdec.serving import control
-from specdec.serving.server import ServerError, ServerExited, TritonServer
+from specdec.serving.server import ServerError, TritonServer, start_retrying
 
 DRAIN_TIMEOUT_S = 30.0  # `specdec serve --drain-timeout`: how long running requests may take to finish
 POLL_S = 0.25  # the watchdog's period: a dead stub is noticed within this
 ABORT_GRACE_S = 5.0  # after the drain deadline: time for the backends' error responses to go out
-START_ATTEMPTS = 3  # starts of tritonserver when a signal kills it while it loads the models
 STUB = "triton_python_backend_stub"
 
 
@@ -72,18 +71,8 @@ class Supervisor:
         self.known: dict[str, set[int]] = {}
 
     def start(self) -> None:
-        """Start tritonserver, again when a signal killed it while loading: its Python backend
-        aborts (`boost::interprocess::lock_exception`) when a stub holds a shared lock too long, as
-        on a starved machine. An exit of its own (a bad configuration) fails at once."""
-        for attempt in range(2, START_ATTEMPTS + 2):
-            try:
-                self.server.start(self.ready_timeout_s)
-                return
-            except ServerExited as exc:
-                if exc.returncode >= 0 or attempt > START_ATTEMPTS:
-                    raise
-                self.say(f"tritonserver was killed by signal {-exc.returncode} while loading the models "
-                         f"(its log ends: {self.server.log_tail(3)}); starting it again ({attempt}/{START_ATTEMPTS})")
+        """Start tritonserver (`server.start_retrying`: again when a signal killed it while loading)."""
+        start_retrying(self.server, self.ready_timeout_s, self.say)
 
     # ---- watchdog -------------------------------------------------------------------------------
     def watch(self, should_stop: Callable[[], bool]) -> None:

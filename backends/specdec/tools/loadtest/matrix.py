@@ -147,7 +147,7 @@ def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_
     """Serve `repo` on free ports (with the A/A copy of the model `aa_of` added, when given; from
     `backend_dir`, when given: the default backends plus a revision's, `revision.add_backend`);
     returns the started TritonServer. `specdec loadtest` and `specdec demo` start servers here."""
-    from specdec.serving.server import TritonServer
+    from specdec.serving.server import TritonServer, start_retrying
 
     repo = Path(repo)
     if aa_of is not None:
@@ -155,7 +155,7 @@ def start_server(repo: str | Path, out: Path, aa_of: str | None = None, timeout_
     out.mkdir(parents=True, exist_ok=True)
     server = TritonServer(repo, exit_timeout_s=3, log_file=out / "tritonserver.log",
                           backend_dir=backend_dir)
-    server.start(timeout_s=timeout_s)
+    start_retrying(server, timeout_s, lambda text: print(text, file=sys.stderr, flush=True))
     return server
 
 
