@@ -394,7 +394,8 @@ def run_matrix(cfg: MatrixConfig, progress=None, restart=None) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.servers > 1 and restart is None:
-        raise ValueError(f"--servers {cfg.servers} needs a server this command starts (--kit or --model-repository)")
+        raise ValueError(f"--servers {cfg.servers} needs --kit or --model-repository (the command restarts the "
+                         "server it starts, never a running one)")
     # the baseline (and its A/A copy) first; a canary router alone needs no baseline (it serves both)
     first = [m for m in (cfg.baseline, cfg.aa_model) if m and m in cfg.models]
     models = first + [m for m in cfg.models if m not in first]
@@ -552,9 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.rev and not (a.kit or a.model_repository):
             raise ValueError("--rev needs --kit or --model-repository (the command serves the revision's twins itself)")
-        if a.servers != 1 and not (a.kit or a.model_repository):
-            raise ValueError(f"--servers {a.servers} needs --kit or --model-repository (the command restarts the "
-                             "server it starts, never a running one)")
         a.revision = revision.resolve(a.rev) if a.rev else None
         if a.kit or a.model_repository:
             out = Path(a.out)
