@@ -15,8 +15,8 @@ sibling folder in the repository. The report pairs each model with its twin roun
 `--rev HEAD` (the same code twice, 16 rounds) read the baseline 1.04x and 1.11x [1.04, 1.18] its
 twin at 1 and 4 users, the draft model 1.02x and 0.94x, and at 4 users with a fresh server 1.00x
 [0.96, 1.05] and 1.04x [1.00, 1.07]: an instance's, not the code's. A difference within that is
-none; `--rev HEAD` shows how far it goes on a machine, and a run repeated on a fresh server
-whether a difference stays.
+none; `--rev HEAD` shows how far it goes on a machine, and `--servers N` (the rounds over N fresh
+servers, the intervals over them) whether a difference stays.
 """
 
 from __future__ import annotations
