@@ -252,10 +252,11 @@ def test_a_prefill_runs_at_prefill_threads_and_decode_at_threads(tiny_target, mo
     from specdec.core.config import EngineConfig
     from specdec.core.engine_config import build_engine
     from specdec.core.errors import ConfigurationError
+    from specdec.core.models.llama import LlamaForCausalLM
     from specdec.core.sampling import SamplingParams
 
     seen = []  # the pool's threads at each forward of the target
-    forward = type(load_model(tiny_target)).forward
+    forward = LlamaForCausalLM.forward
 
     def spy(self, *args, **kwargs):
         seen.append(native._threads)
@@ -265,10 +266,10 @@ def test_a_prefill_runs_at_prefill_threads_and_decode_at_threads(tiny_target, mo
     texts = {}
     for n in (0, 2):  # 0: as `threads`
         engine = build_engine(EngineConfig.of(target=str(tiny_target), method="baseline", max_batch=2, prefill_threads=n))
-        monkeypatch.setattr(type(engine.target), "forward", spy)
+        monkeypatch.setattr(LlamaForCausalLM, "forward", spy)
         seen.clear()
         texts[n] = [r.text for r in engine.generate(prompts, params)]
-        monkeypatch.setattr(type(engine.target), "forward", forward)
+        monkeypatch.setattr(LlamaForCausalLM, "forward", forward)
         assert seen[0] == (n or 1) and native._threads == 1  # the prefill's forward; after it, `threads` again
     assert texts[0] == texts[2]
     with pytest.raises(ConfigurationError, match="prefill_threads >= 0"):
